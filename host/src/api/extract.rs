@@ -1,0 +1,72 @@
+//! Reading requests: bounded, timed JSON bodies, query strings and task ids, each failing with
+//! an `ApiError` rather than a framework rejection, so every 4xx is problem+json.
+
+use super::problem::ApiError;
+use crate::model::TaskId;
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Path};
+use axum::http::{HeaderMap, header, request::Parts};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::de::DeserializeOwned;
+use std::time::Duration;
+
+/// Reads at most `limit_bytes` of JSON within `timeout`, and decodes it as `T`.
+pub async fn read_json<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+    limit_bytes: usize,
+    timeout: Duration,
+) -> Result<T, ApiError> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| {
+            let v = v.trim();
+            v.eq_ignore_ascii_case("application/json") || v.to_ascii_lowercase().ends_with("+json")
+        })
+        .unwrap_or(false);
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let collected = tokio::time::timeout(timeout, Limited::new(body, limit_bytes).collect())
+        .await
+        .map_err(|_| ApiError::BodyTimeout(timeout.as_secs()))?;
+    let bytes = match collected {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<LengthLimitError>() => {
+            return Err(ApiError::BodyTooLarge { limit: limit_bytes });
+        }
+        Err(error) => return Err(ApiError::UnreadableBody(error.to_string())),
+    };
+    decode_json(&bytes)
+}
+
+/// Decodes JSON, telling broken syntax (400 malformed-json) from a well-formed body of the
+/// wrong shape (400 invalid-request: wrong type, unknown field, bad enum value).
+pub fn decode_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|error| match error.classify() {
+        serde_json::error::Category::Data => ApiError::InvalidRequest(error.to_string()),
+        _ => ApiError::MalformedJson(error.to_string()),
+    })
+}
+
+/// Decodes a query string; unknown parameters are refused by the target type.
+pub fn decode_query<T: DeserializeOwned>(query: Option<&str>) -> Result<T, ApiError> {
+    serde_urlencoded::from_str(query.unwrap_or(""))
+        .map_err(|error| ApiError::InvalidQuery(error.to_string()))
+}
+
+/// The `{id}` of a task route.
+pub struct TaskIdPath(pub TaskId);
+
+impl<S: Send + Sync> FromRequestParts<S> for TaskIdPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(text) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| ApiError::InvalidRequest(rejection.body_text()))?;
+        Ok(TaskIdPath(text.parse()?))
+    }
+}

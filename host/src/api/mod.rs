@@ -1,0 +1,100 @@
+//! The HTTP API: every route under one router, so later layers (auth, rate limits) wrap them all.
+
+mod extract;
+mod problem;
+mod tasks;
+
+pub use problem::{ApiError, PROBLEM_JSON, Problem};
+pub use tasks::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAY, MAX_BATCH_TASKS};
+
+use crate::model::Limits;
+use crate::scheduler::Scheduler;
+use axum::Router;
+use axum::http::Uri;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+/// Request bounds of the API.
+#[derive(Clone, Debug)]
+pub struct ApiLimits {
+    pub task: Limits,
+    /// A single submission's body: the payload limit plus room for the other fields.
+    pub body_bytes: usize,
+    pub batch_body_bytes: usize,
+    /// A body that has not fully arrived after this long is refused, so a stalled client
+    /// cannot hold a request open.
+    pub body_timeout: Duration,
+}
+
+impl ApiLimits {
+    pub fn new(task: Limits, batch_body_bytes: usize) -> Self {
+        let body_bytes = task.max_payload_bytes + 64 * 1024;
+        ApiLimits {
+            task,
+            body_bytes,
+            batch_body_bytes,
+            body_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub scheduler: Arc<Scheduler>,
+    pub limits: Arc<ApiLimits>,
+    pub draining: Arc<AtomicBool>,
+}
+
+impl AppState {
+    fn refuse_if_draining(&self) -> Result<(), ApiError> {
+        if self.draining.load(Ordering::Acquire) {
+            Err(ApiError::Draining)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/v1/tasks", post(tasks::submit).get(tasks::list))
+        .route("/v1/tasks:batch", post(tasks::submit_batch))
+        .route("/v1/tasks/{id}", get(tasks::get))
+        .route("/v1/tasks/{id}/events", get(tasks::events))
+        .route("/v1/tasks/{id}/cancel", post(tasks::cancel))
+        .fallback(route_not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(TraceLayer::new_for_http())
+}
+
+async fn healthz() -> Response {
+    axum::Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    match state.refuse_if_draining() {
+        Ok(()) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn route_not_found(uri: Uri) -> ApiError {
+    ApiError::RouteNotFound(uri.path().chars().take(256).collect())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    ApiError::Internal("the request handler panicked".into()).into_response()
+}

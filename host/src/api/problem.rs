@@ -1,0 +1,212 @@
+//! The one place where errors become HTTP answers: RFC 9457 `application/problem+json` bodies
+//! with a stable `type` per kind of error.
+
+use crate::model::{IdError, TaskId, ValidationError};
+use crate::scheduler::SchedulerError;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("the body is not valid JSON: {0}")]
+    MalformedJson(String),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    InvalidTask(ValidationError),
+    #[error("the payload is {size} bytes; the limit is {limit}")]
+    PayloadTooLarge { size: usize, limit: usize },
+    #[error("the body is larger than the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("a batch holds at most {max} tasks; this one has {count}")]
+    BatchTooLarge { count: usize, max: usize },
+    #[error("send the body as application/json")]
+    UnsupportedMediaType,
+    #[error("the body did not arrive within {0} s")]
+    BodyTimeout(u64),
+    #[error("the body could not be read: {0}")]
+    UnreadableBody(String),
+    #[error(transparent)]
+    InvalidId(#[from] IdError),
+    #[error("{0}")]
+    InvalidQuery(String),
+    #[error("no task {0}")]
+    TaskNotFound(TaskId),
+    #[error("no route for {0}")]
+    RouteNotFound(String),
+    #[error("this route does not accept that method")]
+    MethodNotAllowed,
+    #[error(
+        "idempotency key `{key}` already belongs to task {task_id}, submitted with another body"
+    )]
+    KeyConflict { key: String, task_id: TaskId },
+    #[error("{0}")]
+    InvalidTransition(String),
+    #[error("the scheduler is at capacity; retry shortly")]
+    Overloaded,
+    #[error("the server is draining for shutdown; retry against another replica or later")]
+    Draining,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// The body of an error answer.
+#[derive(Debug, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: &'static str,
+    pub status: u16,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<TaskId>,
+}
+
+impl ApiError {
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        use ApiError::*;
+        match self {
+            MalformedJson(_) => (StatusCode::BAD_REQUEST, "malformed-json", "Malformed JSON"),
+            InvalidRequest(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid-request",
+                "Invalid request",
+            ),
+            InvalidTask(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-task",
+                "Invalid task",
+            ),
+            PayloadTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                "Payload too large",
+            ),
+            BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Body too large",
+            ),
+            BatchTooLarge { .. } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "batch-too-large",
+                "Batch too large",
+            ),
+            UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported media type",
+            ),
+            BodyTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "body-timeout", "Body timeout"),
+            UnreadableBody(_) => (
+                StatusCode::BAD_REQUEST,
+                "unreadable-body",
+                "Unreadable body",
+            ),
+            InvalidId(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid-task-id",
+                "Invalid task id",
+            ),
+            InvalidQuery(_) => (StatusCode::BAD_REQUEST, "invalid-query", "Invalid query"),
+            TaskNotFound(_) => (StatusCode::NOT_FOUND, "task-not-found", "Task not found"),
+            RouteNotFound(_) => (StatusCode::NOT_FOUND, "route-not-found", "Not found"),
+            MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+            ),
+            KeyConflict { .. } => (
+                StatusCode::CONFLICT,
+                "idempotency-conflict",
+                "Idempotency key conflict",
+            ),
+            InvalidTransition(_) => (
+                StatusCode::CONFLICT,
+                "invalid-transition",
+                "Invalid transition",
+            ),
+            Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded", "Overloaded"),
+            Draining => (StatusCode::SERVICE_UNAVAILABLE, "draining", "Draining"),
+            Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+            ),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    pub fn problem(&self) -> Problem {
+        let (status, slug, title) = self.parts();
+        let task_id = match self {
+            ApiError::TaskNotFound(id) => Some(*id),
+            ApiError::KeyConflict { task_id, .. } => Some(*task_id),
+            _ => None,
+        };
+        Problem {
+            kind: format!("urn:sluice:problem:{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: self.to_string(),
+            task_id,
+        }
+    }
+
+    fn retry_after_s(&self) -> Option<u32> {
+        match self {
+            ApiError::Overloaded => Some(1),
+            ApiError::Draining => Some(5),
+            _ => None,
+        }
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(error: ValidationError) -> Self {
+        match error {
+            ValidationError::PayloadTooLarge { size, limit } => {
+                ApiError::PayloadTooLarge { size, limit }
+            }
+            other => ApiError::InvalidTask(other),
+        }
+    }
+}
+
+impl From<SchedulerError> for ApiError {
+    fn from(error: SchedulerError) -> Self {
+        match error {
+            SchedulerError::Overloaded => ApiError::Overloaded,
+            SchedulerError::ShuttingDown => ApiError::Draining,
+            SchedulerError::NotFound(id) => ApiError::TaskNotFound(id),
+            SchedulerError::KeyConflict { key, task_id } => ApiError::KeyConflict { key, task_id },
+            illegal @ SchedulerError::Illegal { .. } => {
+                ApiError::InvalidTransition(illegal.to_string())
+            }
+            SchedulerError::Store(error) => ApiError::Internal(error.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = self.problem();
+        if problem.status >= 500 {
+            tracing::error!(error = %self, "request failed");
+        }
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut response = (self.status(), body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(seconds) = self.retry_after_s() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}

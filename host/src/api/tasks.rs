@@ -1,0 +1,275 @@
+//! Task routes: submit (one or a batch), read, list, timeline and cancel.
+
+use super::AppState;
+use super::extract::{TaskIdPath, decode_json, decode_query, read_json};
+use super::problem::{ApiError, Problem};
+use crate::model::{Actor, Event, State, Submission, Task, TaskId, TaskSpec};
+use crate::scheduler::{SubmitResult, Submitted};
+use crate::store::ListQuery;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{RawQuery, State as Shared};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const IDEMPOTENT_REPLAY: &str = "idempotent-replay";
+pub const MAX_BATCH_TASKS: usize = 1000;
+const MAX_LIST_LIMIT: usize = 1000;
+const DEFAULT_LIST_LIMIT: usize = 100;
+const LIST_SCAN_BUDGET: usize = 10_000;
+const MAX_EVENTS_LIMIT: usize = 10_000;
+const DEFAULT_EVENTS_LIMIT: usize = 1000;
+
+pub async fn submit(
+    Shared(state): Shared<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    state.refuse_if_draining()?;
+    let header_key = idempotency_header(&headers)?;
+    let limits = &state.limits;
+    let spec: TaskSpec = read_json(&headers, body, limits.body_bytes, limits.body_timeout).await?;
+    let submission = spec.into_submission(header_key, &limits.task)?;
+    let submitted = state.scheduler.submit(submission).await?;
+    Ok(submitted_response(submitted))
+}
+
+fn submitted_response(submitted: Submitted) -> Response {
+    let status = if submitted.replayed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let location = format!("/v1/tasks/{}", submitted.task.id);
+    let mut response = (status, Json(submitted.task)).into_response();
+    let headers = response.headers_mut();
+    if let Ok(location) = HeaderValue::from_str(&location) {
+        headers.insert(header::LOCATION, location);
+    }
+    if submitted.replayed {
+        headers.insert(
+            HeaderName::from_static(IDEMPOTENT_REPLAY),
+            HeaderValue::from_static("true"),
+        );
+    }
+    response
+}
+
+fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    match headers.get(IDEMPOTENCY_KEY) {
+        None => Ok(None),
+        Some(value) => value.to_str().map(|v| Some(v.to_owned())).map_err(|_| {
+            ApiError::InvalidRequest("the Idempotency-Key header must be visible ASCII".into())
+        }),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    tasks: Vec<Box<RawValue>>,
+}
+
+#[derive(Serialize)]
+pub struct BatchResponse {
+    results: Vec<BatchItem>,
+}
+
+/// One item's answer: the status it would have had alone, and its task or its problem.
+#[derive(Serialize)]
+pub struct BatchItem {
+    status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task: Option<Task>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    replayed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<Problem>,
+}
+
+impl BatchItem {
+    fn from_error(error: ApiError) -> Self {
+        BatchItem {
+            status: error.status().as_u16(),
+            task: None,
+            replayed: false,
+            problem: Some(error.problem()),
+        }
+    }
+
+    fn from_result(result: SubmitResult) -> Self {
+        match result {
+            Ok(submitted) => BatchItem {
+                status: if submitted.replayed { 200 } else { 201 },
+                task: Some(submitted.task),
+                replayed: submitted.replayed,
+                problem: None,
+            },
+            Err(error) => BatchItem::from_error(error.into()),
+        }
+    }
+}
+
+pub async fn submit_batch(
+    Shared(state): Shared<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<BatchResponse>, ApiError> {
+    state.refuse_if_draining()?;
+    let limits = &state.limits;
+    let request: BatchRequest =
+        read_json(&headers, body, limits.batch_body_bytes, limits.body_timeout).await?;
+    if request.tasks.len() > MAX_BATCH_TASKS {
+        return Err(ApiError::BatchTooLarge {
+            count: request.tasks.len(),
+            max: MAX_BATCH_TASKS,
+        });
+    }
+    // Items that fail to parse or validate are answered in place; the rest go to the scheduler
+    // together, and their answers are slotted back in order.
+    let mut results: Vec<Option<BatchItem>> = Vec::with_capacity(request.tasks.len());
+    let mut valid: Vec<Submission> = Vec::new();
+    for raw in &request.tasks {
+        let prepared = decode_json::<TaskSpec>(raw.get().as_bytes()).and_then(|spec| {
+            spec.into_submission(None, &limits.task)
+                .map_err(ApiError::from)
+        });
+        match prepared {
+            Ok(submission) => {
+                valid.push(submission);
+                results.push(None);
+            }
+            Err(error) => results.push(Some(BatchItem::from_error(error))),
+        }
+    }
+    let mut answers = state.scheduler.submit_many(valid).await?.into_iter();
+    let results = results
+        .into_iter()
+        .map(|slot| match slot {
+            Some(item) => item,
+            None => match answers.next() {
+                Some(answer) => BatchItem::from_result(answer),
+                None => BatchItem::from_error(ApiError::Internal("missing batch answer".into())),
+            },
+        })
+        .collect();
+    Ok(Json(BatchResponse { results }))
+}
+
+/// A task with its payload, as `GET /v1/tasks/{id}` shows it.
+#[derive(Serialize)]
+pub struct TaskWithPayload {
+    #[serde(flatten)]
+    task: Task,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<Box<RawValue>>,
+}
+
+pub async fn get(
+    Shared(state): Shared<AppState>,
+    TaskIdPath(id): TaskIdPath,
+) -> Result<Json<TaskWithPayload>, ApiError> {
+    let task = state.scheduler.task(id)?;
+    let payload = match state.scheduler.payload(id)? {
+        Some(bytes) => Some(
+            String::from_utf8(bytes)
+                .ok()
+                .and_then(|text| RawValue::from_string(text).ok())
+                .ok_or_else(|| ApiError::Internal(format!("stored payload of {id} is not JSON")))?,
+        ),
+        None => None,
+    };
+    Ok(Json(TaskWithPayload { task, payload }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    state: Option<State>,
+    kind: Option<String>,
+    device: Option<String>,
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct ListResponse {
+    tasks: Vec<Task>,
+    next_after: Option<TaskId>,
+}
+
+pub async fn list(
+    Shared(state): Shared<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<ListResponse>, ApiError> {
+    let params: ListParams = decode_query(query.as_deref())?;
+    let limit = params.limit.unwrap_or(DEFAULT_LIST_LIMIT);
+    if limit == 0 || limit > MAX_LIST_LIMIT {
+        return Err(ApiError::InvalidQuery(format!(
+            "limit must be 1 to {MAX_LIST_LIMIT}"
+        )));
+    }
+    let after = match params.after.as_deref() {
+        Some(text) => Some(
+            text.parse::<TaskId>()
+                .map_err(|e| ApiError::InvalidQuery(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let query = ListQuery {
+        state: params.state,
+        kind: params.kind,
+        device: params.device,
+        after,
+        limit,
+        scan_budget: LIST_SCAN_BUDGET,
+    };
+    let scheduler = state.scheduler.clone();
+    let page = tokio::task::spawn_blocking(move || scheduler.list(&query))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(Json(ListResponse {
+        tasks: page.tasks,
+        next_after: page.next_after,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventParams {
+    after: Option<u64>,
+    limit: Option<usize>,
+}
+
+#[derive(Serialize)]
+pub struct EventsResponse {
+    events: Vec<Event>,
+}
+
+pub async fn events(
+    Shared(state): Shared<AppState>,
+    TaskIdPath(id): TaskIdPath,
+    RawQuery(query): RawQuery,
+) -> Result<Json<EventsResponse>, ApiError> {
+    let params: EventParams = decode_query(query.as_deref())?;
+    let limit = params.limit.unwrap_or(DEFAULT_EVENTS_LIMIT);
+    if limit == 0 || limit > MAX_EVENTS_LIMIT {
+        return Err(ApiError::InvalidQuery(format!(
+            "limit must be 1 to {MAX_EVENTS_LIMIT}"
+        )));
+    }
+    let events = state
+        .scheduler
+        .events(id, params.after.unwrap_or(0), limit)?;
+    Ok(Json(EventsResponse { events }))
+}
+
+pub async fn cancel(
+    Shared(state): Shared<AppState>,
+    TaskIdPath(id): TaskIdPath,
+) -> Result<Json<Task>, ApiError> {
+    Ok(Json(state.scheduler.cancel(id, Actor::api()).await?))
+}

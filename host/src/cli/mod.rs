@@ -1,0 +1,74 @@
+//! Command-line parsing and dispatch; errors are reported here, once, with a non-zero exit.
+
+mod bench;
+mod logging;
+mod serve;
+mod tasks;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "A durable task scheduler for GPU inference workers"
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, env = "SLUICE_LOG_FORMAT", default_value = "text")]
+    log_format: logging::LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the scheduler: HTTP API on --listen, state in --data-dir.
+    Serve(serve::ServeArgs),
+    /// Submit one task and print it.
+    Submit(tasks::SubmitArgs),
+    /// Read, list, follow or cancel tasks.
+    Task {
+        #[command(subcommand)]
+        command: tasks::TaskCommand,
+    },
+    /// Measure throughput and latency; prints figures.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(error) = logging::init(cli.log_format) {
+        eprintln!("error: cannot start logging: {error}");
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::Submit(args) => tasks::submit(args).await,
+            Command::Task { command } => tasks::run(command).await,
+            Command::Bench { command } => bench::run(command).await,
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

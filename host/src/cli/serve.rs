@@ -1,0 +1,77 @@
+//! `sluice serve`: resolve the configuration, open the store, bind, announce, serve.
+
+use anyhow::Context;
+use sluice::config::{FileConfig, Overrides, ServeConfig};
+use sluice::server::Server;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// A TOML file of settings (see README); flags and SLUICE_* variables override it.
+    #[arg(long, env = "SLUICE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where sled keeps the state [default: ./sluice-data]
+    #[arg(long, env = "SLUICE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:7700]
+    #[arg(long, env = "SLUICE_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Largest task payload accepted, in bytes [default: 1048576]
+    #[arg(long, env = "SLUICE_MAX_PAYLOAD_BYTES")]
+    max_payload_bytes: Option<usize>,
+    /// fdatasync after each group flush so acknowledged tasks survive power loss [default: true]
+    #[arg(long, env = "SLUICE_FDATASYNC")]
+    fdatasync: Option<bool>,
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let file = match &args.config {
+        Some(path) => FileConfig::load(path)?,
+        None => FileConfig::default(),
+    };
+    let overrides = Overrides {
+        data_dir: args.data_dir,
+        listen: args.listen,
+        max_payload_bytes: args.max_payload_bytes,
+        fdatasync: args.fdatasync,
+    };
+    let config = ServeConfig::resolve(file, overrides)?;
+    let data_dir = config.data_dir.display().to_string();
+    let server = tokio::task::spawn_blocking(move || Server::open(&config).map(|s| (s, config)))
+        .await
+        .context("opening the store")??;
+    let (server, config) = server;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let address = listener.local_addr()?;
+    tracing::info!(%address, data_dir, "ready");
+    // The one line on stdout: tools and tests read the bound address from it.
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "listening on http://{address}")?;
+    stdout.flush()?;
+    server.run(listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            tracing::warn!("cannot install signal handlers; stop with SIGKILL");
+            std::future::pending::<()>().await;
+        }
+    }
+}

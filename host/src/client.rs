@@ -1,0 +1,148 @@
+//! A typed HTTP client of the Sluice API, for the CLI, the benchmarks and embedding programs.
+
+use crate::model::{Task, TaskSpec};
+use serde::Deserialize;
+use serde_json::Value;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{title} ({status}): {detail}")]
+    Problem {
+        status: u16,
+        kind: String,
+        title: String,
+        detail: String,
+    },
+    #[error("cannot reach {url}: {source}")]
+    Http { url: String, source: reqwest::Error },
+    #[error("unexpected answer ({status}) from {url}: {body}")]
+    Unexpected {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("invalid server URL `{0}`: use http://HOST:PORT")]
+    BadUrl(String),
+}
+
+#[derive(Deserialize)]
+struct ProblemBody {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    title: String,
+    #[serde(default)]
+    detail: String,
+}
+
+/// The answer to a submission.
+#[derive(Debug, Clone)]
+pub struct SubmitAnswer {
+    pub task: Task,
+    /// True when the key already named this task and nothing new was created.
+    pub replayed: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    pub fn new(base_url: &str) -> Result<Client, ClientError> {
+        Self::with_pool(base_url, 16)
+    }
+
+    /// A client keeping up to `idle_connections` open connections, for many concurrent callers.
+    pub fn with_pool(base_url: &str, idle_connections: usize) -> Result<Client, ClientError> {
+        let parsed = url::Url::parse(base_url).map_err(|_| ClientError::BadUrl(base_url.into()))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(ClientError::BadUrl(base_url.into()));
+        }
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(idle_connections)
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|source| ClientError::Http {
+                url: base_url.into(),
+                source,
+            })?;
+        Ok(Client {
+            http,
+            base: base_url.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    pub async fn submit(&self, spec: &TaskSpec) -> Result<SubmitAnswer, ClientError> {
+        let url = format!("{}/v1/tasks", self.base);
+        let response = self.send(&url, self.http.post(&url).json(spec)).await?;
+        let replayed = response.status() == reqwest::StatusCode::OK;
+        let task = Self::decode(&url, response).await?;
+        Ok(SubmitAnswer { task, replayed })
+    }
+
+    pub async fn task(&self, id: &str) -> Result<Value, ClientError> {
+        self.get_json(&format!("/v1/tasks/{id}"), &[]).await
+    }
+
+    pub async fn list(&self, query: &[(&str, String)]) -> Result<Value, ClientError> {
+        self.get_json("/v1/tasks", query).await
+    }
+
+    pub async fn events(&self, id: &str) -> Result<Value, ClientError> {
+        self.get_json(&format!("/v1/tasks/{id}/events"), &[]).await
+    }
+
+    pub async fn cancel(&self, id: &str) -> Result<Value, ClientError> {
+        let url = format!("{}/v1/tasks/{id}/cancel", self.base);
+        let response = self.send(&url, self.http.post(&url)).await?;
+        Self::decode(&url, response).await
+    }
+
+    async fn get_json(&self, path: &str, query: &[(&str, String)]) -> Result<Value, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let response = self.send(&url, self.http.get(&url).query(query)).await?;
+        Self::decode(&url, response).await
+    }
+
+    async fn send(
+        &self,
+        url: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
+        request.send().await.map_err(|source| ClientError::Http {
+            url: url.to_owned(),
+            source,
+        })
+    }
+
+    async fn decode<T: serde::de::DeserializeOwned>(
+        url: &str,
+        response: reqwest::Response,
+    ) -> Result<T, ClientError> {
+        let status = response.status().as_u16();
+        let bytes = response.bytes().await.map_err(|source| ClientError::Http {
+            url: url.to_owned(),
+            source,
+        })?;
+        if (200..300).contains(&status) {
+            if let Ok(value) = serde_json::from_slice(&bytes) {
+                return Ok(value);
+            }
+        } else if let Ok(problem) = serde_json::from_slice::<ProblemBody>(&bytes) {
+            return Err(ClientError::Problem {
+                status,
+                kind: problem.kind,
+                title: problem.title,
+                detail: problem.detail,
+            });
+        }
+        Err(ClientError::Unexpected {
+            url: url.to_owned(),
+            status,
+            body: String::from_utf8_lossy(&bytes).chars().take(512).collect(),
+        })
+    }
+}

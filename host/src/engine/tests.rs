@@ -1,0 +1,164 @@
+//! Unit tests of the deterministic core: no threads, no store, no clock.
+
+use super::*;
+use crate::model::{Limits, Priority, TaskSpec};
+use crate::store::LiveEntry;
+
+fn submission(kind: &str, priority: Priority, key: Option<&str>) -> Submission {
+    let spec: TaskSpec = serde_json::from_value(serde_json::json!({
+        "kind": kind, "priority": priority, "key": key, "payload": {"n": 1}
+    }))
+    .unwrap();
+    spec.into_submission(None, &Limits::default()).unwrap()
+}
+
+fn create(engine: &mut Engine, now_ms: u64, random: u128, priority: Priority) -> Task {
+    let change = engine.plan_create(now_ms, random, &submission("k", priority, None));
+    engine.apply(&change);
+    change.writes[0].task.clone()
+}
+
+#[test]
+fn a_new_task_is_created_then_admitted_with_one_event_each() {
+    let mut engine = Engine::default();
+    let change = engine.plan_create(
+        1_000,
+        7,
+        &submission("oct.scan", Priority::Low, Some("exam-1")),
+    );
+    let task = &change.writes[0].task;
+    assert_eq!(task.state, State::Queued);
+    assert_eq!(task.bucket, Priority::Low);
+    let steps: Vec<_> = change
+        .events
+        .iter()
+        .map(|e| (e.seq, e.from, e.to))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (1, None, State::Created),
+            (2, Some(State::Created), State::Queued)
+        ]
+    );
+    assert_eq!(
+        change.new_task.as_ref().unwrap().key.as_ref().unwrap().0,
+        "exam-1"
+    );
+
+    // Planning alone changes nothing; applying the committed change does.
+    assert_eq!(engine.queues().total(), 0);
+    engine.apply(&change);
+    assert_eq!(engine.queues().front(Priority::Low), Some(task.id));
+    assert_eq!(engine.tasks_in(State::Queued), 1);
+    let next = engine.plan_create(1_000, 7, &submission("k", Priority::Low, None));
+    assert_eq!(next.events[0].seq, 3);
+    assert!(next.writes[0].task.id > task.id);
+}
+
+#[test]
+fn cancel_moves_a_task_out_of_its_queue_and_terminal_tasks_refuse_change() {
+    let mut engine = Engine::default();
+    let task = create(&mut engine, 10, 1, Priority::Urgent);
+    let change = engine
+        .plan_transition(20, &task, State::Cancelled, Actor::api(), None)
+        .unwrap();
+    engine.apply(&change);
+    let cancelled = &change.writes[0].task;
+    assert_eq!(cancelled.state, State::Cancelled);
+    assert_eq!(cancelled.updated_at_ms, 20);
+    assert_eq!(change.events[0].from, Some(State::Queued));
+    assert_eq!(engine.queues().len(Priority::Urgent), 0);
+    assert_eq!(engine.tasks_in(State::Cancelled), 1);
+    assert_eq!(engine.tasks_in(State::Queued), 0);
+
+    let refused = engine.plan_transition(30, cancelled, State::Queued, Actor::api(), None);
+    assert_eq!(
+        refused.unwrap_err(),
+        IllegalTransition {
+            from: State::Cancelled,
+            to: State::Queued
+        }
+    );
+    assert_eq!(engine.illegal_transitions(), 1);
+}
+
+#[test]
+fn the_key_verdict_tells_new_replay_and_conflict_apart() {
+    let record = KeyRecord {
+        task_id: TaskId::from_u128(9),
+        fingerprint: [1; 32],
+    };
+    assert_eq!(judge_key(None, &[1; 32]), KeyVerdict::New);
+    assert_eq!(
+        judge_key(Some(&record), &[1; 32]),
+        KeyVerdict::Replay(record.task_id)
+    );
+    assert_eq!(
+        judge_key(Some(&record), &[2; 32]),
+        KeyVerdict::Conflict(record.task_id)
+    );
+}
+
+#[test]
+fn recovery_rebuilds_queues_and_numbering_from_the_index() {
+    let ids: Vec<TaskId> = (1..=4).map(|n| TaskId::from_u128(n << 80)).collect();
+    let mut recovery = Recovery {
+        last_event_seq: 41,
+        last_task_id: Some(ids[3]),
+        ..Recovery::default()
+    };
+    recovery.live = vec![
+        LiveEntry {
+            id: ids[0],
+            state: State::Queued,
+            bucket: Priority::Normal,
+        },
+        LiveEntry {
+            id: ids[1],
+            state: State::Created,
+            bucket: Priority::Normal,
+        },
+        LiveEntry {
+            id: ids[2],
+            state: State::Queued,
+            bucket: Priority::Urgent,
+        },
+        LiveEntry {
+            id: ids[3],
+            state: State::Running,
+            bucket: Priority::Low,
+        },
+    ];
+    let (engine, unadmitted) = Engine::recover(&recovery);
+    assert_eq!(unadmitted, [ids[1]]);
+    assert_eq!(engine.queues().front(Priority::Normal), Some(ids[0]));
+    assert_eq!(engine.queues().front(Priority::Urgent), Some(ids[2]));
+    assert_eq!(engine.queues().total(), 2);
+    let change = engine.plan_create(0, 0, &submission("k", Priority::Low, None));
+    assert_eq!(change.events[0].seq, 42);
+    assert!(
+        change.writes[0].task.id > ids[3],
+        "ids keep growing even with a clock behind them"
+    );
+}
+
+#[test]
+fn the_same_inputs_replay_to_the_same_changes() {
+    let run = || {
+        let mut engine = Engine::default();
+        let mut out = Vec::new();
+        for n in 0..50u64 {
+            let priority = Priority::ALL[(n % 3) as usize];
+            let change = engine.plan_create(
+                1_000 + n / 7,
+                u128::from(n * 7919),
+                &submission("k", priority, None),
+            );
+            engine.apply(&change);
+            out.push((change.writes[0].task.id, change.events.clone()));
+        }
+        out
+    };
+    assert_eq!(run(), run());
+}

@@ -1,0 +1,15 @@
+//! Sluice: a durable task scheduler between submitting devices and GPU inference workers.
+//!
+//! `model` holds the task model and its state machine, `engine` the deterministic core,
+//! `store` durable storage behind a trait, `scheduler` the threads that connect them, `api`
+//! the HTTP routes, `server` the server as a library, `client` a typed HTTP client. The `sluice`
+//! command (`main.rs`, `cli/`) is a thin layer over them.
+
+pub mod api;
+pub mod client;
+pub mod config;
+pub mod engine;
+pub mod model;
+pub mod scheduler;
+pub mod server;
+pub mod store;

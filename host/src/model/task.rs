@@ -1,0 +1,48 @@
+//! The stored task record and its view over the API.
+
+use super::{Priority, Resources, State, TaskId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Why a task ended badly (or why its last attempt failed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskError {
+    pub class: String,
+    pub message: String,
+}
+
+/// A task as stored and as shown by the API. The payload is stored beside it, not inside it, so
+/// that state changes do not rewrite up to a MiB of payload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    pub id: TaskId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub kind: String,
+    pub priority: Priority,
+    /// The bucket the task waits in now: its priority, or higher after aging.
+    pub bucket: Priority,
+    pub device: String,
+    pub tenant: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub est_exec_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// `created_at_ms + deadline_ms`, when a deadline was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_at_ms: Option<u64>,
+    pub max_attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_url: Option<String>,
+    #[serde(default)]
+    pub resources: Resources,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    pub attempt: u32,
+    pub state: State,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<TaskError>,
+}

@@ -1,0 +1,82 @@
+//! The server as a library: open the store, start the scheduler, serve HTTP until told to stop.
+//! Binaries and tests call `Server::open` then `run` with a listener they bound (port 0 works).
+
+use crate::api::{self, ApiLimits, AppState};
+use crate::config::ServeConfig;
+use crate::model::Limits;
+use crate::scheduler::{Scheduler, SchedulerError, SchedulerOptions, SystemClock};
+use crate::store::{SledOptions, SledStore, StoreError};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::net::TcpListener;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot start the scheduler: {0}")]
+    Scheduler(#[from] SchedulerError),
+    #[error("HTTP server failure: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub struct Server {
+    state: AppState,
+}
+
+impl Server {
+    /// Opens (or creates) the data directory and rebuilds the scheduler's state from it. This
+    /// can take seconds with millions of tasks; the server is ready once it returns.
+    pub fn open(config: &ServeConfig) -> Result<Server, ServerError> {
+        let store = SledStore::open(
+            &config.data_dir,
+            &SledOptions {
+                cache_capacity_bytes: config.cache_capacity_bytes,
+                fdatasync: config.fdatasync,
+            },
+        )?;
+        let scheduler = Scheduler::start(
+            Arc::new(store),
+            Box::new(SystemClock),
+            &SchedulerOptions {
+                queue_capacity: config.queue_capacity,
+            },
+        )?;
+        let limits = ApiLimits::new(
+            Limits {
+                max_payload_bytes: config.max_payload_bytes,
+            },
+            config.max_batch_body_bytes,
+        );
+        Ok(Server {
+            state: AppState {
+                scheduler: Arc::new(scheduler),
+                limits: Arc::new(limits),
+                draining: Arc::new(AtomicBool::new(false)),
+            },
+        })
+    }
+
+    /// Serves until `shutdown` resolves, then refuses new work, lets requests in flight finish,
+    /// makes everything durable and returns.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let draining = self.state.draining.clone();
+        let app = api::router(self.state.clone());
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("shutting down: refusing new work, finishing requests in flight");
+            draining.store(true, Ordering::Release);
+        };
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(signal)
+            .await;
+        self.state.scheduler.shutdown().await;
+        tracing::info!("stopped; everything acknowledged is on disk");
+        Ok(served?)
+    }
+}

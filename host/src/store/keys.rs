@@ -1,0 +1,72 @@
+//! The key layout of the sled tree. Every record a transition touches lives in one tree, under
+//! a one-byte prefix per record type, so a transition is one atomic `apply_batch`.
+
+use crate::model::{State, TaskId};
+
+pub const TASK: u8 = b't';
+pub const PAYLOAD: u8 = b'p';
+pub const KEY: u8 = b'k';
+pub const EVENT: u8 = b'e';
+pub const TASK_EVENT: u8 = b'x';
+pub const STATE: u8 = b's';
+
+pub fn task(id: TaskId) -> [u8; 17] {
+    prefixed(TASK, id)
+}
+
+pub fn payload(id: TaskId) -> [u8; 17] {
+    prefixed(PAYLOAD, id)
+}
+
+pub fn idempotency(key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + key.len());
+    out.push(KEY);
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
+pub fn event(seq: u64) -> [u8; 9] {
+    let mut out = [0; 9];
+    out[0] = EVENT;
+    out[1..].copy_from_slice(&seq.to_be_bytes());
+    out
+}
+
+/// `x | task id | seq`: the task's events in order.
+pub fn task_event(id: TaskId, seq: u64) -> [u8; 25] {
+    let mut out = [0; 25];
+    out[0] = TASK_EVENT;
+    out[1..17].copy_from_slice(&id.to_bytes());
+    out[17..].copy_from_slice(&seq.to_be_bytes());
+    out
+}
+
+/// `s | state | task id`: tasks by state, in id order.
+pub fn state(state: State, id: TaskId) -> [u8; 18] {
+    let mut out = [0; 18];
+    out[0] = STATE;
+    out[1] = state.code();
+    out[2..].copy_from_slice(&id.to_bytes());
+    out
+}
+
+pub fn state_prefix(state: State) -> [u8; 2] {
+    [STATE, state.code()]
+}
+
+pub fn id_at(key: &[u8], offset: usize) -> Option<TaskId> {
+    let bytes: [u8; 16] = key.get(offset..offset + 16)?.try_into().ok()?;
+    Some(TaskId::from_bytes(bytes))
+}
+
+pub fn seq_at(key: &[u8], offset: usize) -> Option<u64> {
+    let bytes: [u8; 8] = key.get(offset..offset + 8)?.try_into().ok()?;
+    Some(u64::from_be_bytes(bytes))
+}
+
+fn prefixed(prefix: u8, id: TaskId) -> [u8; 17] {
+    let mut out = [0; 17];
+    out[0] = prefix;
+    out[1..].copy_from_slice(&id.to_bytes());
+    out
+}

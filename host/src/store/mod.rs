@@ -1,0 +1,108 @@
+//! Durable storage behind the `Store` trait: tasks, payloads, the append-only event log,
+//! idempotency keys and the state index. Nothing outside this module touches sled.
+
+mod keys;
+mod sled_store;
+
+pub use sled_store::{SledOptions, SledStore};
+
+use crate::model::{Event, Priority, State, Task, TaskId};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the data directory {path}: {source}")]
+    Open { path: String, source: sled::Error },
+    #[error("storage failure: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("storage I/O failure: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("corrupt record under {what}: {detail}")]
+    Corrupt { what: &'static str, detail: String },
+}
+
+/// What an idempotency key points at: the task it created and the fingerprint of the body that
+/// created it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub task_id: TaskId,
+    pub fingerprint: [u8; 32],
+}
+
+/// The records written once, when a task is created.
+#[derive(Clone, Debug)]
+pub struct NewTask {
+    pub id: TaskId,
+    pub payload_json: Vec<u8>,
+    pub key: Option<(String, KeyRecord)>,
+}
+
+/// A task record as it is after a change, with the state it had before (none when new), so a
+/// store can move its index entry and, with several writers, refuse a stale `previous`.
+#[derive(Clone, Debug)]
+pub struct TaskWrite {
+    pub previous: Option<State>,
+    pub task: Task,
+}
+
+/// One atomic unit of storage: either all of it is applied or none of it.
+#[derive(Clone, Debug, Default)]
+pub struct Change {
+    pub new_task: Option<NewTask>,
+    pub writes: Vec<TaskWrite>,
+    pub events: Vec<Event>,
+}
+
+/// A task that is not yet terminal, as the state index holds it: enough to rebuild the
+/// in-memory queues at start without decoding every record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveEntry {
+    pub id: TaskId,
+    pub state: State,
+    pub bucket: Priority,
+}
+
+/// What a store knows at start.
+#[derive(Clone, Debug, Default)]
+pub struct Recovery {
+    pub last_event_seq: u64,
+    pub last_task_id: Option<TaskId>,
+    pub tasks_by_state: [u64; 12],
+    pub live: Vec<LiveEntry>,
+}
+
+/// A page request over tasks, in id order (so, arrival order).
+#[derive(Clone, Debug)]
+pub struct ListQuery {
+    pub state: Option<State>,
+    pub kind: Option<String>,
+    pub device: Option<String>,
+    pub after: Option<TaskId>,
+    pub limit: usize,
+    /// Records examined at most, so a rare filter cannot scan the whole store in one request.
+    pub scan_budget: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ListPage {
+    pub tasks: Vec<Task>,
+    /// Where the next page starts; absent when the scan reached the end.
+    pub next_after: Option<TaskId>,
+}
+
+/// The operations the scheduler needs, named for what they do rather than how sled does them,
+/// so that another backend (PostgreSQL, for several replicas) can stand behind the same trait.
+pub trait Store: Send + Sync + 'static {
+    /// Applies `change` atomically. It is visible to readers at once and durable after the
+    /// next `sync`.
+    fn commit(&self, change: &Change) -> Result<(), StoreError>;
+    /// Makes every change committed before this call durable on disk.
+    fn sync(&self) -> Result<(), StoreError>;
+    fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError>;
+    fn payload(&self, id: TaskId) -> Result<Option<Vec<u8>>, StoreError>;
+    fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError>;
+    /// The task's events, oldest first, after `after_seq`, at most `limit`.
+    fn events_of(&self, id: TaskId, after_seq: u64, limit: usize)
+    -> Result<Vec<Event>, StoreError>;
+    fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError>;
+    fn recover(&self) -> Result<Recovery, StoreError>;
+}

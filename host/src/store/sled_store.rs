@@ -1,0 +1,270 @@
+//! The embedded store: one sled tree in a local folder; `sync` is sled's flush followed by an
+//! fdatasync of its data file, because on Linux sled's flush is only `sync_file_range`.
+
+use super::keys;
+use super::{Change, KeyRecord, ListPage, ListQuery, LiveEntry, Recovery, Store, StoreError};
+use crate::model::{Event, Priority, State, Task, TaskId};
+use std::fs::File;
+use std::ops::Bound;
+use std::path::Path;
+
+#[derive(Clone, Debug)]
+pub struct SledOptions {
+    pub cache_capacity_bytes: u64,
+    /// fdatasync after each flush, so acknowledged work survives power loss and not only a crash.
+    pub fdatasync: bool,
+}
+
+impl Default for SledOptions {
+    fn default() -> Self {
+        SledOptions {
+            cache_capacity_bytes: 512 << 20,
+            fdatasync: true,
+        }
+    }
+}
+
+/// sled writes any page larger than a quarter segment to a separate blob file that it never
+/// syncs. 8 MiB segments keep pages holding a 1 MiB payload inside the synced log.
+const SEGMENT_SIZE_BYTES: usize = 8 << 20;
+const TREE_NAME: &str = "tasks";
+
+pub struct SledStore {
+    db: sled::Db,
+    tree: sled::Tree,
+    data_file: Option<File>,
+}
+
+impl SledStore {
+    pub fn open(dir: &Path, options: &SledOptions) -> Result<Self, StoreError> {
+        let open_error = |source| StoreError::Open {
+            path: dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(dir)?;
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(options.cache_capacity_bytes)
+            .segment_size(SEGMENT_SIZE_BYTES)
+            .mode(sled::Mode::HighThroughput)
+            .open()
+            .map_err(open_error)?;
+        let tree = db.open_tree(TREE_NAME)?;
+        let data_file = if options.fdatasync {
+            Some(File::open(dir.join("db"))?)
+        } else {
+            None
+        };
+        Ok(SledStore {
+            db,
+            tree,
+            data_file,
+        })
+    }
+
+    fn decode_task(bytes: &[u8]) -> Result<Task, StoreError> {
+        serde_json::from_slice(bytes).map_err(|e| corrupt("task", e))
+    }
+
+    fn event_at(&self, seq: u64) -> Result<Event, StoreError> {
+        let bytes = self
+            .tree
+            .get(keys::event(seq))?
+            .ok_or_else(|| corrupt("event", format!("event {seq} is indexed but missing")))?;
+        serde_json::from_slice(&bytes).map_err(|e| corrupt("event", e))
+    }
+}
+
+fn corrupt(what: &'static str, detail: impl ToString) -> StoreError {
+    StoreError::Corrupt {
+        what,
+        detail: detail.to_string(),
+    }
+}
+
+fn encode_key_record(record: &KeyRecord) -> [u8; 48] {
+    let mut out = [0; 48];
+    out[..16].copy_from_slice(&record.task_id.to_bytes());
+    out[16..].copy_from_slice(&record.fingerprint);
+    out
+}
+
+fn decode_key_record(bytes: &[u8]) -> Result<KeyRecord, StoreError> {
+    let task_id =
+        keys::id_at(bytes, 0).ok_or_else(|| corrupt("idempotency key", "short record"))?;
+    let fingerprint: [u8; 32] = bytes
+        .get(16..48)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("idempotency key", "short record"))?;
+    Ok(KeyRecord {
+        task_id,
+        fingerprint,
+    })
+}
+
+/// The first key after every key that starts with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+impl Store for SledStore {
+    fn commit(&self, change: &Change) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        if let Some(new) = &change.new_task {
+            batch.insert(&keys::payload(new.id)[..], new.payload_json.as_slice());
+            if let Some((key, record)) = &new.key {
+                batch.insert(keys::idempotency(key), &encode_key_record(record)[..]);
+            }
+        }
+        for write in &change.writes {
+            let task = &write.task;
+            if let Some(previous) = write.previous
+                && previous != task.state
+            {
+                batch.remove(&keys::state(previous, task.id)[..]);
+            }
+            batch.insert(
+                &keys::state(task.state, task.id)[..],
+                &[task.bucket.index() as u8][..],
+            );
+            let record = serde_json::to_vec(task).map_err(|e| corrupt("task", e))?;
+            batch.insert(&keys::task(task.id)[..], record);
+        }
+        for event in &change.events {
+            let record = serde_json::to_vec(event).map_err(|e| corrupt("event", e))?;
+            batch.insert(&keys::event(event.seq)[..], record);
+            batch.insert(&keys::task_event(event.task_id, event.seq)[..], &[][..]);
+        }
+        self.tree.apply_batch(batch)?;
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        if let Some(file) = &self.data_file {
+            file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
+        self.tree
+            .get(keys::task(id))?
+            .map(|bytes| Self::decode_task(&bytes))
+            .transpose()
+    }
+
+    fn payload(&self, id: TaskId) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.tree.get(keys::payload(id))?.map(|b| b.to_vec()))
+    }
+
+    fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        self.tree
+            .get(keys::idempotency(key))?
+            .map(|bytes| decode_key_record(&bytes))
+            .transpose()
+    }
+
+    fn events_of(
+        &self,
+        id: TaskId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        let Some(first) = after_seq.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let range = keys::task_event(id, first)..=keys::task_event(id, u64::MAX);
+        let mut events = Vec::new();
+        for entry in self.tree.range(range).take(limit) {
+            let (key, _) = entry?;
+            let seq = keys::seq_at(&key, 17).ok_or_else(|| corrupt("event index", "short key"))?;
+            events.push(self.event_at(seq)?);
+        }
+        Ok(events)
+    }
+
+    fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        let (prefix, id_offset): (Vec<u8>, usize) = match query.state {
+            Some(state) => (keys::state_prefix(state).to_vec(), 2),
+            None => (vec![keys::TASK], 1),
+        };
+        let start = match query.after {
+            Some(after) => {
+                let mut key = prefix.clone();
+                key.extend_from_slice(&after.to_bytes());
+                Bound::Excluded(key)
+            }
+            None => Bound::Included(prefix.clone()),
+        };
+        let mut iter = self
+            .tree
+            .range::<Vec<u8>, _>((start, Bound::Excluded(prefix_end(&prefix))));
+        let mut page = ListPage::default();
+        let mut examined = 0;
+        while let Some(entry) = iter.next() {
+            let (key, value) = entry?;
+            let id =
+                keys::id_at(&key, id_offset).ok_or_else(|| corrupt("task index", "short key"))?;
+            let task = if query.state.is_some() {
+                match self.task(id)? {
+                    Some(task) => task,
+                    None => return Err(corrupt("state index", format!("{id} has no record"))),
+                }
+            } else {
+                Self::decode_task(&value)?
+            };
+            examined += 1;
+            let wanted = query.kind.as_ref().is_none_or(|k| *k == task.kind)
+                && query.device.as_ref().is_none_or(|d| *d == task.device);
+            if wanted {
+                page.tasks.push(task);
+            }
+            if page.tasks.len() >= query.limit {
+                if iter.next().is_some() {
+                    page.next_after = Some(id);
+                }
+                break;
+            }
+            if examined >= query.scan_budget {
+                page.next_after = Some(id);
+                break;
+            }
+        }
+        Ok(page)
+    }
+
+    fn recover(&self) -> Result<Recovery, StoreError> {
+        let mut recovery = Recovery::default();
+        if let Some(entry) = self.tree.scan_prefix([keys::EVENT]).next_back() {
+            let (key, _) = entry?;
+            recovery.last_event_seq =
+                keys::seq_at(&key, 1).ok_or_else(|| corrupt("event", "short key"))?;
+        }
+        if let Some(entry) = self.tree.scan_prefix([keys::TASK]).next_back() {
+            let (key, _) = entry?;
+            recovery.last_task_id = keys::id_at(&key, 1);
+        }
+        for entry in self.tree.scan_prefix([keys::STATE]) {
+            let (key, value) = entry?;
+            let state = key
+                .get(1)
+                .and_then(|&code| State::from_code(code))
+                .ok_or_else(|| corrupt("state index", "unknown state code"))?;
+            let id = keys::id_at(&key, 2).ok_or_else(|| corrupt("state index", "short key"))?;
+            recovery.tasks_by_state[usize::from(state.code())] += 1;
+            if !state.is_terminal() {
+                let bucket = value
+                    .first()
+                    .and_then(|&b| Priority::from_index(usize::from(b)))
+                    .ok_or_else(|| corrupt("state index", "unknown bucket"))?;
+                recovery.live.push(LiveEntry { id, state, bucket });
+            }
+        }
+        Ok(recovery)
+    }
+}
