@@ -1,1 +1,186 @@
-//! placeholder
+//! The end-to-end harness: builds the real `sluice` binary once, starts it on port 0 with a
+//! temporary data directory, and stops it with SIGTERM or SIGKILL.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub use serde_json::{Value, json};
+
+/// The `sluice` binary of this build profile, built first if need be (cargo does not build a
+/// bin of another package for this crate's tests).
+pub fn sluice_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let test_exe = std::env::current_exe().expect("test executable path");
+        // target/<profile>/deps/<test> → target/<profile>
+        let profile_dir = test_exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile> above the test executable");
+        let mut build = Command::new(env!("CARGO"));
+        build.args(["build", "--quiet", "-p", "sluice", "--bin", "sluice"]);
+        if profile_dir
+            .file_name()
+            .is_some_and(|name| name == "release")
+        {
+            build.arg("--release");
+        }
+        let status = build.status().expect("run cargo build");
+        assert!(status.success(), "cargo build of the sluice binary failed");
+        profile_dir.join("sluice")
+    })
+}
+
+/// A running `sluice serve`, killed if the test ends without stopping it.
+pub struct Server {
+    child: Child,
+    pub url: String,
+}
+
+impl Server {
+    /// Starts `sluice serve` on `data_dir` and waits for its `listening on` line.
+    pub fn start(data_dir: &Path) -> Server {
+        Self::start_with(data_dir, &[])
+    }
+
+    pub fn start_with(data_dir: &Path, extra_args: &[&str]) -> Server {
+        let mut child = Command::new(sluice_binary())
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra_args)
+            .env("SLUICE_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start sluice serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the announce line");
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from sluice serve: {line:?}"))
+            .to_owned();
+        Server { child, url }
+    }
+
+    pub fn endpoint(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+
+    /// SIGKILL: no chance to flush or clean up.
+    pub fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL the server");
+        self.child.wait().expect("reap the server");
+    }
+
+    /// SIGTERM, then waits for the process to exit.
+    pub fn terminate(mut self) -> ExitStatus {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        let sent = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(sent, 0, "send SIGTERM");
+        self.child.wait().expect("wait for the server")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(256)
+        .build()
+        .expect("HTTP client")
+}
+
+/// A JSON answer: status, the `Idempotent-Replay` header, content type, and body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub replayed: bool,
+    pub content_type: String,
+    pub body: Value,
+}
+
+pub async fn answer(response: reqwest::Response) -> Answer {
+    let status = response.status().as_u16();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let replayed = header("idempotent-replay") == "true";
+    let content_type = header("content-type");
+    let bytes = response.bytes().await.expect("read the body");
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Answer {
+        status,
+        replayed,
+        content_type,
+        body,
+    }
+}
+
+pub async fn post_json(client: &reqwest::Client, url: &str, body: &Value) -> Answer {
+    let response = client.post(url).json(body).send().await.expect("POST");
+    answer(response).await
+}
+
+pub async fn get_json(client: &reqwest::Client, url: &str) -> Answer {
+    answer(client.get(url).send().await.expect("GET")).await
+}
+
+/// Every task in the store, following `next_after` page by page.
+pub async fn all_tasks(client: &reqwest::Client, server: &Server) -> Vec<Value> {
+    let mut tasks = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut url = server.endpoint("/v1/tasks?limit=1000");
+        if let Some(after) = &after {
+            url.push_str(&format!("&after={after}"));
+        }
+        let page = get_json(client, &url).await;
+        assert_eq!(page.status, 200, "{:?}", page.body);
+        tasks.extend(
+            page.body["tasks"]
+                .as_array()
+                .expect("tasks array")
+                .iter()
+                .cloned(),
+        );
+        match page.body["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return tasks,
+        }
+    }
+}
+
+/// Asserts an error answer is RFC 9457 problem+json of the given status and type.
+pub fn assert_problem(answer: &Answer, status: u16, problem_type: &str) {
+    assert_eq!(answer.status, status, "{:?}", answer.body);
+    assert_eq!(
+        answer.content_type, "application/problem+json",
+        "{answer:?}"
+    );
+    assert_eq!(
+        answer.body["type"],
+        format!("urn:sluice:problem:{problem_type}"),
+        "{answer:?}"
+    );
+    assert_eq!(answer.body["status"], status);
+    assert!(answer.body["title"].is_string() && answer.body["detail"].is_string());
+}
