@@ -139,6 +139,50 @@ async fn submit(args: SubmitBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One virtual client: its own keep-alive HTTP/1.1 connection, one request at a time, as a
+/// device would send. A bare hyper connection keeps the client's CPU cost low, since it shares
+/// the machine with the server being measured.
+async fn client_loop(
+    address: std::net::SocketAddr,
+    authority: String,
+    deadline: Instant,
+    body_of: impl Fn(u64) -> String,
+) -> anyhow::Result<(Vec<u32>, usize)> {
+    use http_body_util::{BodyExt, Full};
+    let stream = tokio::net::TcpStream::connect(address).await?;
+    stream.set_nodelay(true)?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    let mut latencies_us = Vec::new();
+    let mut failed = 0;
+    let mut n = 0u64;
+    while Instant::now() < deadline {
+        let request = hyper::Request::post("/v1/tasks")
+            .header("host", &authority)
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(body_of(n))))?;
+        n += 1;
+        let sent = Instant::now();
+        match sender.send_request(request).await {
+            Ok(response) => {
+                let created = response.status() == hyper::StatusCode::CREATED;
+                let read = response.into_body().collect().await;
+                if created && read.is_ok() {
+                    latencies_us.push(sent.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+                } else {
+                    failed += 1;
+                }
+            }
+            Err(_) => {
+                failed += 1;
+                break;
+            }
+        }
+    }
+    Ok((latencies_us, failed))
+}
+
 async fn one_run(
     url: &str,
     run: usize,
@@ -146,45 +190,26 @@ async fn one_run(
     duration: Duration,
     payload: &Arc<String>,
 ) -> anyhow::Result<RunFigures> {
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(clients)
-        .timeout(Duration::from_secs(30))
-        .build()?;
-    let endpoint = format!("{url}/v1/tasks");
+    let parsed = url::Url::parse(url).context("the server URL")?;
+    let authority = match (parsed.host_str(), parsed.port_or_known_default()) {
+        (Some(host), Some(port)) => format!("{host}:{port}"),
+        _ => bail!("the server URL needs a host and port"),
+    };
+    let address = tokio::net::lookup_host(&authority)
+        .await?
+        .next()
+        .with_context(|| format!("cannot resolve {authority}"))?;
     let nonce = std::process::id();
     let started = Instant::now();
     let deadline = started + duration;
     let mut workers = tokio::task::JoinSet::new();
     for client in 0..clients {
-        let http = http.clone();
-        let endpoint = endpoint.clone();
-        let payload = payload.clone();
-        workers.spawn(async move {
-            let mut latencies_us = Vec::new();
-            let mut failed = 0;
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                let body = format!(
-                    r#"{{"kind":"bench.submit","key":"bench-{nonce}-{run}-{client}-{n}","device":"bench-{client}","payload":"{payload}"}}"#
-                );
-                n += 1;
-                let sent = Instant::now();
-                let answer = http
-                    .post(&endpoint)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await;
-                match answer {
-                    Ok(response) if response.status() == reqwest::StatusCode::CREATED => {
-                        let _ = response.bytes().await;
-                        latencies_us.push(sent.elapsed().as_micros().min(u32::MAX as u128) as u32);
-                    }
-                    _ => failed += 1,
-                }
-            }
-            (latencies_us, failed)
-        });
+        let (payload, authority) = (payload.clone(), authority.clone());
+        workers.spawn(client_loop(address, authority, deadline, move |n| {
+            format!(
+                r#"{{"kind":"bench.submit","key":"bench-{nonce}-{run}-{client}-{n}","device":"bench-{client}","payload":"{payload}"}}"#
+            )
+        }));
     }
     let mut figures = RunFigures {
         acknowledged: 0,
@@ -193,7 +218,7 @@ async fn one_run(
         latencies_us: Vec::new(),
     };
     while let Some(joined) = workers.join_next().await {
-        let (latencies, failed) = joined?;
+        let (latencies, failed) = joined??;
         figures.acknowledged += latencies.len();
         figures.failed += failed;
         figures.latencies_us.extend(latencies);

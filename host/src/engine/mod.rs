@@ -2,9 +2,11 @@
 //! state) and turns requests into `Change`s for the store. Time and random bits are arguments;
 //! it never reads a clock, sleeps, spawns or touches the store, so any run can be replayed.
 //!
-//! The core plans first and learns after: `plan_*` build a `Change` without altering the engine,
-//! and `apply` advances the indexes once the shell has committed that change. A failed commit
-//! therefore leaves no gap in event numbers and no phantom queue entry.
+//! The core plans, then learns: `plan_*` build a `Change` without altering the engine, and
+//! `apply` advances the indexes (queues, counts, event numbers) by that change. The shell
+//! applies each plan at once, so the next plan in the same group of requests sees it, and
+//! commits the group as one change; if that commit fails, the shell rebuilds the engine from
+//! the store, so memory never runs ahead of disk.
 
 mod queues;
 
@@ -116,6 +118,7 @@ impl Engine {
             state: State::Created,
             result: None,
             error: None,
+            event_seqs: Vec::new(),
         };
         let created = self.event(
             0,
@@ -137,6 +140,7 @@ impl Engine {
             now_ms,
             None,
         );
+        task.event_seqs = vec![created.seq, admitted.seq];
         let key = spec.key.clone().map(|key| {
             (
                 key,
@@ -147,11 +151,11 @@ impl Engine {
             )
         });
         Change {
-            new_task: Some(NewTask {
+            new_tasks: vec![NewTask {
                 id,
                 payload_json: submission.payload_json.clone(),
                 key,
-            }),
+            }],
             writes: vec![TaskWrite {
                 previous: None,
                 task,
@@ -182,8 +186,9 @@ impl Engine {
             admit(&mut after);
         }
         let event = self.event(0, task.id, Some(task.state), to, actor, now_ms, detail);
+        after.event_seqs.push(event.seq);
         Ok(Change {
-            new_task: None,
+            new_tasks: Vec::new(),
             writes: vec![TaskWrite {
                 previous: Some(task.state),
                 task: after,
@@ -192,13 +197,13 @@ impl Engine {
         })
     }
 
-    /// Learns a change the store has committed.
+    /// Learns a planned change: the next plan builds on it.
     pub fn apply(&mut self, change: &Change) {
         if let Some(last) = change.events.last() {
             self.next_event_seq = last.seq + 1;
         }
-        if let Some(new) = &change.new_task {
-            self.ids = IdGenerator::resume_after(new.id.max(self.ids.clone().last()));
+        for new in &change.new_tasks {
+            self.ids = IdGenerator::resume_after(new.id.max(self.ids.last()));
         }
         for write in &change.writes {
             let task = &write.task;

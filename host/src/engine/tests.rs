@@ -41,12 +41,11 @@ fn a_new_task_is_created_then_admitted_with_one_event_each() {
             (2, Some(State::Created), State::Queued)
         ]
     );
-    assert_eq!(
-        change.new_task.as_ref().unwrap().key.as_ref().unwrap().0,
-        "exam-1"
-    );
+    assert_eq!(change.new_tasks[0].key.as_ref().unwrap().0, "exam-1");
 
-    // Planning alone changes nothing; applying the committed change does.
+    assert_eq!(task.event_seqs, [1, 2]);
+
+    // Planning alone changes nothing; applying the change does.
     assert_eq!(engine.queues().total(), 0);
     engine.apply(&change);
     assert_eq!(engine.queues().front(Priority::Low), Some(task.id));

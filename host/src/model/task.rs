@@ -45,4 +45,7 @@ pub struct Task {
     pub result: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<TaskError>,
+    /// The `seq` of each of its events, oldest first: the index from a task into the log.
+    #[serde(default)]
+    pub event_seqs: Vec<u64>,
 }

@@ -1,15 +1,51 @@
 //! The writer thread: the only owner of the engine and the only caller of `Store::commit`.
+//! It takes the requests waiting in its inbox as one group, plans each one against the engine
+//! and against what the group has planned so far, commits the group as one change, and hands
+//! the group's answers to the flusher.
 
 use super::flusher::Delivery;
 use super::{Clock, Command, SchedulerError, SubmitResult, Submitted};
 use crate::engine::{Engine, KeyVerdict, judge_key};
 use crate::model::{Actor, State, Submission, Task, TaskId};
-use crate::store::{Change, Store};
+use crate::store::{Change, KeyRecord, Store, StoreError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::SyncSender;
 use tokio::sync::{mpsc, oneshot};
+
+/// Bounds on one group, so one commit stays small enough to be quick and to keep each
+/// payload-carrying page inside sled's synced log.
+const MAX_GROUP_TASKS: usize = 2048;
+const MAX_GROUP_PAYLOAD_BYTES: usize = 8 << 20;
+
+/// What a group has planned but not yet committed, and the answers waiting on it.
+#[derive(Default)]
+struct Group {
+    change: Change,
+    keys: HashMap<String, KeyRecord>,
+    /// Where each task's latest write sits in `change.writes`.
+    latest_write: HashMap<TaskId, usize>,
+    payload_bytes: usize,
+    deliveries: Vec<Delivery>,
+}
+
+impl Group {
+    fn is_full(&self) -> bool {
+        self.change.writes.len() >= MAX_GROUP_TASKS || self.payload_bytes >= MAX_GROUP_PAYLOAD_BYTES
+    }
+
+    /// Queues an answer, to be sent once a sync covers this group's commit.
+    fn answer<T: Durable + Send + 'static>(&mut self, reply: oneshot::Sender<T>, answer: T) {
+        self.deliveries.push(Box::new(move |synced| {
+            let _ = reply.send(match synced {
+                Ok(()) => answer,
+                Err(error) => answer.failed(error),
+            });
+        }));
+    }
+}
 
 pub(crate) struct Writer {
     engine: Engine,
@@ -36,53 +72,117 @@ impl Writer {
     }
 
     pub(crate) fn run(mut self, mut inbox: mpsc::Receiver<Command>) {
-        while let Some(command) = inbox.blocking_recv() {
-            match command {
-                Command::Submit { submissions, reply } => {
-                    let results: Vec<SubmitResult> =
-                        submissions.into_iter().map(|s| self.submit(s)).collect();
-                    self.after_sync(reply, results);
+        let mut open = true;
+        while open {
+            let Some(first) = inbox.blocking_recv() else {
+                break;
+            };
+            let mut group = Group::default();
+            open = self.handle(first, &mut group);
+            while open && !group.is_full() {
+                match inbox.try_recv() {
+                    Ok(command) => open = self.handle(command, &mut group),
+                    Err(_) => break,
                 }
-                Command::Cancel { id, actor, reply } => {
-                    let result = self.cancel(id, actor);
-                    self.after_sync(reply, result);
-                }
-                Command::Shutdown => break,
             }
+            self.finish(group);
         }
         // Dropping the inbox answers every command still queued with `ShuttingDown`.
         inbox.close();
     }
 
+    /// Plans one command into the group; false once told to shut down.
+    fn handle(&mut self, command: Command, group: &mut Group) -> bool {
+        match command {
+            Command::Submit { submissions, reply } => {
+                let results: Vec<SubmitResult> = submissions
+                    .into_iter()
+                    .map(|submission| self.submit(submission, group))
+                    .collect();
+                group.answer(reply, results);
+                true
+            }
+            Command::Cancel { id, actor, reply } => {
+                let result = self.cancel(id, actor, group);
+                group.answer(reply, result);
+                true
+            }
+            Command::Shutdown => false,
+        }
+    }
+
+    fn finish(&mut self, group: Group) {
+        let committed = if group.change.is_empty() {
+            Ok(())
+        } else {
+            self.store.commit(&group.change)
+        };
+        match committed {
+            Ok(()) => {
+                let deliveries = group.deliveries;
+                let all: Delivery = Box::new(move |synced| {
+                    for delivery in deliveries {
+                        delivery(synced.clone());
+                    }
+                });
+                if let Err(unsent) = self.flusher.send(all) {
+                    (unsent.0)(Err(Arc::new(StoreError::Io(std::io::Error::other(
+                        "the flusher has stopped",
+                    )))));
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "commit failed; answering its requests with an error");
+                let error = Arc::new(error);
+                for delivery in group.deliveries {
+                    delivery(Err(error.clone()));
+                }
+                self.resync();
+            }
+        }
+    }
+
+    /// After a failed commit the engine is ahead of the store: rebuild it from the store.
+    fn resync(&mut self) {
+        match self.store.recover() {
+            Ok(recovery) => self.engine = Engine::recover(&recovery).0,
+            Err(error) => tracing::error!(%error, "cannot re-read the store after a failed commit"),
+        }
+    }
+
     /// Tasks that were durable but not admitted when the last process stopped.
     pub(crate) fn admit_recovered(&mut self, ids: &[TaskId]) -> Result<(), SchedulerError> {
+        let mut group = Group::default();
         for &id in ids {
-            let task = self.store.task(id)?.ok_or(SchedulerError::NotFound(id))?;
+            let task = self.task(id, &group)?;
             let now_ms = self.clock.now_ms();
             if let Ok(change) =
                 self.engine
                     .plan_transition(now_ms, &task, State::Queued, Actor::scheduler(), None)
             {
-                self.commit(&change)?;
+                self.plan(change, &mut group);
             }
         }
-        self.store.sync()?;
+        if !group.change.is_empty() {
+            self.store.commit(&group.change)?;
+            self.store.sync()?;
+        }
         Ok(())
     }
 
-    fn submit(&mut self, submission: Submission) -> SubmitResult {
+    fn submit(&mut self, submission: Submission, group: &mut Group) -> SubmitResult {
         let existing = match &submission.spec.key {
-            Some(key) => self.store.key(key)?,
+            Some(key) => match group.keys.get(key) {
+                Some(record) => Some(*record),
+                None => self.store.key(key)?,
+            },
             None => None,
         };
         match judge_key(existing.as_ref(), &submission.fingerprint) {
-            KeyVerdict::Replay(id) => {
-                let task = self.store.task(id)?.ok_or(SchedulerError::NotFound(id))?;
-                Ok(Submitted {
-                    task,
-                    replayed: true,
-                })
-            }
+            KeyVerdict::Replay(id) => Ok(Submitted {
+                task: self.task(id, group)?,
+                replayed: true,
+            }),
             KeyVerdict::Conflict(task_id) => Err(SchedulerError::KeyConflict {
                 key: submission.spec.key.unwrap_or_default(),
                 task_id,
@@ -92,17 +192,21 @@ impl Writer {
                 let change = self
                     .engine
                     .plan_create(now_ms, self.random.random(), &submission);
-                self.commit(&change)?;
                 Ok(Submitted {
-                    task: first_task(change),
+                    task: self.plan(change, group),
                     replayed: false,
                 })
             }
         }
     }
 
-    fn cancel(&mut self, id: TaskId, actor: Actor) -> Result<Task, SchedulerError> {
-        let task = self.store.task(id)?.ok_or(SchedulerError::NotFound(id))?;
+    fn cancel(
+        &mut self,
+        id: TaskId,
+        actor: Actor,
+        group: &mut Group,
+    ) -> Result<Task, SchedulerError> {
+        let task = self.task(id, group)?;
         let now_ms = self.clock.now_ms();
         let change = self
             .engine
@@ -112,55 +216,51 @@ impl Writer {
                 state: task.state,
                 source,
             })?;
-        self.commit(&change)?;
-        Ok(first_task(change))
+        Ok(self.plan(change, group))
     }
 
-    fn commit(&mut self, change: &Change) -> Result<(), SchedulerError> {
-        self.store.commit(change)?;
-        self.engine.apply(change);
-        Ok(())
-    }
-
-    /// Hands the answer to the flusher: it is sent once a sync covers what this command wrote
-    /// (or, for a replay, the write it replays).
-    fn after_sync<T: Durable + Send + 'static>(&self, reply: oneshot::Sender<T>, answer: T) {
-        let delivery: Delivery = Box::new(move |synced| {
-            let _ = reply.send(match synced {
-                Ok(()) => answer,
-                Err(error) => answer.failed(error),
-            });
-        });
-        if let Err(unsent) = self.flusher.send(delivery) {
-            (unsent.0)(Err(Arc::new(crate::store::StoreError::Io(
-                std::io::Error::other("the flusher has stopped"),
-            ))));
+    /// The task as the group sees it: its latest planned write, or else the store's record.
+    fn task(&self, id: TaskId, group: &Group) -> Result<Task, SchedulerError> {
+        if let Some(&index) = group.latest_write.get(&id) {
+            return Ok(group.change.writes[index].task.clone());
         }
+        self.store.task(id)?.ok_or(SchedulerError::NotFound(id))
     }
-}
 
-fn first_task(change: Change) -> Task {
-    change
-        .writes
-        .into_iter()
-        .next()
-        .map(|write| write.task)
-        .unwrap_or_else(|| unreachable!("every planned change writes its task"))
+    /// Adds a planned change to the group and teaches it to the engine; returns the task the
+    /// change writes first (the one a request asked about).
+    fn plan(&mut self, change: Change, group: &mut Group) -> Task {
+        self.engine.apply(&change);
+        let first_write = group.change.writes.len();
+        for (offset, write) in change.writes.iter().enumerate() {
+            group
+                .latest_write
+                .insert(write.task.id, first_write + offset);
+        }
+        for new in &change.new_tasks {
+            group.payload_bytes += new.payload_json.len();
+            if let Some((key, record)) = &new.key {
+                group.keys.insert(key.clone(), *record);
+            }
+        }
+        group.change.merge(change);
+        group.change.writes[first_write].task.clone()
+    }
 }
 
 /// An answer that becomes an error when the sync it waits for fails.
 pub(crate) trait Durable {
-    fn failed(self, error: Arc<crate::store::StoreError>) -> Self;
+    fn failed(self, error: Arc<StoreError>) -> Self;
 }
 
 impl<T> Durable for Result<T, SchedulerError> {
-    fn failed(self, error: Arc<crate::store::StoreError>) -> Self {
+    fn failed(self, error: Arc<StoreError>) -> Self {
         self.and(Err(SchedulerError::Store(error)))
     }
 }
 
 impl Durable for Vec<SubmitResult> {
-    fn failed(self, error: Arc<crate::store::StoreError>) -> Self {
+    fn failed(self, error: Arc<StoreError>) -> Self {
         self.into_iter()
             .map(|item| item.failed(error.clone()))
             .collect()

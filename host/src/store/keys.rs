@@ -1,13 +1,13 @@
-//! The key layout of the sled tree. Every record a transition touches lives in one tree, under
-//! a one-byte prefix per record type, so a transition is one atomic `apply_batch`.
+//! The key layout of the sled tree. Every record a commit touches lives in one tree, under a
+//! one-byte prefix per record type, so a commit is one atomic `apply_batch`.
 
 use crate::model::{State, TaskId};
 
 pub const TASK: u8 = b't';
 pub const PAYLOAD: u8 = b'p';
 pub const KEY: u8 = b'k';
-pub const EVENT: u8 = b'e';
-pub const TASK_EVENT: u8 = b'x';
+/// `g | first seq`: a block of the event log.
+pub const BLOCK: u8 = b'g';
 pub const STATE: u8 = b's';
 
 pub fn task(id: TaskId) -> [u8; 17] {
@@ -25,19 +25,10 @@ pub fn idempotency(key: &str) -> Vec<u8> {
     out
 }
 
-pub fn event(seq: u64) -> [u8; 9] {
+pub fn block(first_seq: u64) -> [u8; 9] {
     let mut out = [0; 9];
-    out[0] = EVENT;
-    out[1..].copy_from_slice(&seq.to_be_bytes());
-    out
-}
-
-/// `x | task id | seq`: the task's events in order.
-pub fn task_event(id: TaskId, seq: u64) -> [u8; 25] {
-    let mut out = [0; 25];
-    out[0] = TASK_EVENT;
-    out[1..17].copy_from_slice(&id.to_bytes());
-    out[17..].copy_from_slice(&seq.to_be_bytes());
+    out[0] = BLOCK;
+    out[1..].copy_from_slice(&first_seq.to_be_bytes());
     out
 }
 

@@ -1,7 +1,14 @@
 //! Durable storage behind the `Store` trait: tasks, payloads, the append-only event log,
 //! idempotency keys and the state index. Nothing outside this module touches sled.
+//!
+//! The event log is a sequence of blocks, one per commit, each holding that commit's events
+//! (consecutive `seq`s); a task record lists the `seq`s of its own events, and holds its payload
+//! when that is small. A submission thus writes three keys (task, idempotency key, state index)
+//! and a share of one block: sled's cost is per key, and a key per event, per payload and per
+//! index entry cost well over twice as much.
 
 mod keys;
+mod record;
 mod sled_store;
 
 pub use sled_store::{SledOptions, SledStore};
@@ -44,12 +51,28 @@ pub struct TaskWrite {
     pub task: Task,
 }
 
-/// One atomic unit of storage: either all of it is applied or none of it.
+/// One atomic unit of storage: either all of it is applied or none of it. The writer merges
+/// the changes of many requests into one, so that one batch and one sync serve them all.
 #[derive(Clone, Debug, Default)]
 pub struct Change {
-    pub new_task: Option<NewTask>,
+    pub new_tasks: Vec<NewTask>,
+    /// In order; a later write of the same task supersedes an earlier one.
     pub writes: Vec<TaskWrite>,
+    /// Consecutive `seq`s, in order.
     pub events: Vec<Event>,
+}
+
+impl Change {
+    pub fn is_empty(&self) -> bool {
+        self.new_tasks.is_empty() && self.writes.is_empty() && self.events.is_empty()
+    }
+
+    /// Appends `later`, which was planned after everything already here.
+    pub fn merge(&mut self, later: Change) {
+        self.new_tasks.extend(later.new_tasks);
+        self.writes.extend(later.writes);
+        self.events.extend(later.events);
+    }
 }
 
 /// A task that is not yet terminal, as the state index holds it: enough to rebuild the

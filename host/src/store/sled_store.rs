@@ -2,8 +2,11 @@
 //! fdatasync of its data file, because on Linux sled's flush is only `sync_file_range`.
 
 use super::keys;
+use super::record;
 use super::{Change, KeyRecord, ListPage, ListQuery, LiveEntry, Recovery, Store, StoreError};
 use crate::model::{Event, Priority, State, Task, TaskId};
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fs::File;
 use std::ops::Bound;
 use std::path::Path;
@@ -63,15 +66,24 @@ impl SledStore {
     }
 
     fn decode_task(bytes: &[u8]) -> Result<Task, StoreError> {
-        serde_json::from_slice(bytes).map_err(|e| corrupt("task", e))
+        let parts = record::split(bytes)?;
+        serde_json::from_slice(parts.task_json).map_err(|e| corrupt("task", e))
     }
 
-    fn event_at(&self, seq: u64) -> Result<Event, StoreError> {
-        let bytes = self
+    /// The block of the log that holds event `seq`: the last block starting at or before it.
+    fn block_holding(&self, seq: u64) -> Result<Vec<Event>, StoreError> {
+        let missing = || corrupt("event log", format!("no block holds event {seq}"));
+        let (_, bytes) = self
             .tree
-            .get(keys::event(seq))?
-            .ok_or_else(|| corrupt("event", format!("event {seq} is indexed but missing")))?;
-        serde_json::from_slice(&bytes).map_err(|e| corrupt("event", e))
+            .range(keys::block(0)..=keys::block(seq))
+            .next_back()
+            .ok_or_else(missing)??;
+        let block: Vec<Event> =
+            serde_json::from_slice(&bytes).map_err(|e| corrupt("event log", e))?;
+        match (block.first(), block.last()) {
+            (Some(first), Some(last)) if first.seq <= seq && seq <= last.seq => Ok(block),
+            _ => Err(missing()),
+        }
     }
 }
 
@@ -114,8 +126,15 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 impl Store for SledStore {
     fn commit(&self, change: &Change) -> Result<(), StoreError> {
         let mut batch = sled::Batch::default();
-        if let Some(new) = &change.new_task {
-            batch.insert(&keys::payload(new.id)[..], new.payload_json.as_slice());
+        // The part of each record that state changes carry over: where the payload lives, and
+        // the payload itself when inline.
+        let mut tails: HashMap<TaskId, Vec<u8>> = HashMap::new();
+        for new in &change.new_tasks {
+            let tail = record::tail_for(&new.payload_json);
+            if tail[0] == record::PAYLOAD_SEPARATE {
+                batch.insert(&keys::payload(new.id)[..], new.payload_json.as_slice());
+            }
+            tails.insert(new.id, tail);
             if let Some((key, record)) = &new.key {
                 batch.insert(keys::idempotency(key), &encode_key_record(record)[..]);
             }
@@ -131,13 +150,24 @@ impl Store for SledStore {
                 &keys::state(task.state, task.id)[..],
                 &[task.bucket.index() as u8][..],
             );
-            let record = serde_json::to_vec(task).map_err(|e| corrupt("task", e))?;
-            batch.insert(&keys::task(task.id)[..], record);
+            let tail = match tails.entry(task.id) {
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => {
+                    let old = self.tree.get(keys::task(task.id))?.ok_or_else(|| {
+                        corrupt(
+                            "task",
+                            format!("{} changes state but has no record", task.id),
+                        )
+                    })?;
+                    entry.insert(record::split(&old)?.tail())
+                }
+            };
+            let task_json = serde_json::to_vec(task).map_err(|e| corrupt("task", e))?;
+            batch.insert(&keys::task(task.id)[..], record::encode(&task_json, tail)?);
         }
-        for event in &change.events {
-            let record = serde_json::to_vec(event).map_err(|e| corrupt("event", e))?;
-            batch.insert(&keys::event(event.seq)[..], record);
-            batch.insert(&keys::task_event(event.task_id, event.seq)[..], &[][..]);
+        if let Some(first) = change.events.first() {
+            let block = serde_json::to_vec(&change.events).map_err(|e| corrupt("event", e))?;
+            batch.insert(&keys::block(first.seq)[..], block);
         }
         self.tree.apply_batch(batch)?;
         Ok(())
@@ -159,7 +189,13 @@ impl Store for SledStore {
     }
 
     fn payload(&self, id: TaskId) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.tree.get(keys::payload(id))?.map(|b| b.to_vec()))
+        let Some(bytes) = self.tree.get(keys::task(id))? else {
+            return Ok(None);
+        };
+        match record::split(&bytes)?.inline_payload {
+            Some(inline) => Ok(Some(inline.to_vec())),
+            None => Ok(self.tree.get(keys::payload(id))?.map(|b| b.to_vec())),
+        }
     }
 
     fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
@@ -175,15 +211,28 @@ impl Store for SledStore {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<Event>, StoreError> {
-        let Some(first) = after_seq.checked_add(1) else {
+        let Some(task) = self.task(id)? else {
             return Ok(Vec::new());
         };
-        let range = keys::task_event(id, first)..=keys::task_event(id, u64::MAX);
         let mut events = Vec::new();
-        for entry in self.tree.range(range).take(limit) {
-            let (key, _) = entry?;
-            let seq = keys::seq_at(&key, 17).ok_or_else(|| corrupt("event index", "short key"))?;
-            events.push(self.event_at(seq)?);
+        // Consecutive events of a task often share a block: keep the last one read.
+        let mut block: Vec<Event> = Vec::new();
+        for &seq in task
+            .event_seqs
+            .iter()
+            .filter(|&&s| s > after_seq)
+            .take(limit)
+        {
+            let held = block.first().is_some_and(|e| e.seq <= seq)
+                && block.last().is_some_and(|e| seq <= e.seq);
+            if !held {
+                block = self.block_holding(seq)?;
+            }
+            let event = block
+                .iter()
+                .find(|e| e.seq == seq && e.task_id == id)
+                .ok_or_else(|| corrupt("event log", format!("event {seq} of {id} is missing")))?;
+            events.push(event.clone());
         }
         Ok(events)
     }
@@ -240,10 +289,11 @@ impl Store for SledStore {
 
     fn recover(&self) -> Result<Recovery, StoreError> {
         let mut recovery = Recovery::default();
-        if let Some(entry) = self.tree.scan_prefix([keys::EVENT]).next_back() {
+        if let Some(entry) = self.tree.scan_prefix([keys::BLOCK]).next_back() {
             let (key, _) = entry?;
-            recovery.last_event_seq =
-                keys::seq_at(&key, 1).ok_or_else(|| corrupt("event", "short key"))?;
+            let first = keys::seq_at(&key, 1).ok_or_else(|| corrupt("event log", "short key"))?;
+            let block = self.block_holding(first)?;
+            recovery.last_event_seq = block.last().map_or(first, |e| e.seq);
         }
         if let Some(entry) = self.tree.scan_prefix([keys::TASK]).next_back() {
             let (key, _) = entry?;
