@@ -129,3 +129,6 @@ pub trait Store: Send + Sync + 'static {
     fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError>;
     fn recover(&self) -> Result<Recovery, StoreError>;
 }
+
+#[cfg(test)]
+mod tests;

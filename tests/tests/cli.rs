@@ -1,0 +1,159 @@
+//! The `sluice` command line against a running server, its configuration sources, and its
+//! errors: a message on stderr and a non-zero exit.
+
+use sluice_tests::*;
+use std::process::{Command, Output, Stdio};
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(sluice_binary())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sluice")
+}
+
+fn stdout_json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON on stdout")
+}
+
+#[test]
+fn submit_get_list_events_cancel_from_the_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let url = server.url.as_str();
+    let submit = [
+        "submit",
+        "--server",
+        url,
+        "--kind",
+        "oct.analyze",
+        "--priority",
+        "low",
+        "--key",
+        "exam-9",
+        "--label",
+        "site=b",
+        "--payload",
+        r#"{"eye":"right"}"#,
+    ];
+    let task = stdout_json(&sluice(&submit));
+    assert_eq!(task["state"], "queued");
+    assert_eq!(task["priority"], "low");
+    assert_eq!(task["labels"]["site"], "b");
+    let id = task["id"].as_str().unwrap();
+    // Resending is answered with the same task and a note on stderr.
+    let replay = sluice(&submit);
+    assert_eq!(stdout_json(&replay)["id"], json!(id));
+    assert!(String::from_utf8_lossy(&replay.stderr).contains("already named this task"));
+
+    let read = stdout_json(&sluice(&["task", "get", "--server", url, id]));
+    assert_eq!(read["payload"]["eye"], "right");
+    let listed = stdout_json(&sluice(&[
+        "task", "list", "--server", url, "--state", "queued", "--limit", "5",
+    ]));
+    assert_eq!(listed["tasks"][0]["id"], json!(id));
+    let cancelled = stdout_json(&sluice(&["task", "cancel", "--server", url, id]));
+    assert_eq!(cancelled["state"], "cancelled");
+    let events = stdout_json(&sluice(&["task", "events", "--server", url, id]));
+    assert_eq!(events["events"].as_array().unwrap().len(), 3);
+
+    // Errors: the server's problem on stderr, non-zero exit, nothing on stdout.
+    for args in [
+        vec!["task", "cancel", "--server", url, id],
+        vec!["task", "get", "--server", url, "not-an-id"],
+        vec!["task", "list", "--server", url, "--state", "asleep"],
+        vec![
+            "submit",
+            "--server",
+            url,
+            "--kind",
+            "k",
+            "--payload",
+            "{broken",
+        ],
+        vec![
+            "submit",
+            "--server",
+            url,
+            "--kind",
+            "k",
+            "--priority",
+            "asap",
+        ],
+        vec!["task", "get", "--server", "http://127.0.0.1:1", id],
+    ] {
+        let output = sluice(&args);
+        assert!(!output.status.success(), "{args:?} should fail");
+        assert!(
+            output.stdout.is_empty(),
+            "{args:?} printed {:?}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        assert!(!output.stderr.is_empty(), "{args:?} said nothing");
+    }
+}
+
+#[test]
+fn serve_reads_a_config_file_and_environment_overrides_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    let from_file = dir.path().join("from-file");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nlisten = \"127.0.0.1:1\"\nmax_payload_bytes = 64\n",
+            from_file
+        ),
+    )
+    .unwrap();
+    // SLUICE_LISTEN overrides the file's unusable port; the file's data dir and limit apply.
+    let mut child = Command::new(sluice_binary())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("SLUICE_LISTEN", "127.0.0.1:0")
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect("announce line")
+        .to_owned();
+    assert!(
+        from_file.join("db").exists(),
+        "the data dir comes from the file"
+    );
+    let too_big = sluice(&[
+        "submit",
+        "--server",
+        &url,
+        "--kind",
+        "k",
+        "--payload",
+        &format!("\"{}\"", "x".repeat(100)),
+    ]);
+    assert!(!too_big.status.success());
+    assert!(String::from_utf8_lossy(&too_big.stderr).contains("413"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // A config file with an unknown key, or an unusable value, stops serve with a message.
+    std::fs::write(&config, "listen_address = \"127.0.0.1:0\"\n").unwrap();
+    let output = sluice(&["serve", "--config", config.to_str().unwrap()]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("listen_address"));
+    let output = sluice(&["serve", "--listen", "nonsense"]);
+    assert!(!output.status.success());
+}
