@@ -28,6 +28,8 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     pub max_payload_bytes: usize,
     pub max_batch_body_bytes: usize,
+    /// Request bodies held in memory at once; past it, requests are refused as overloaded.
+    pub inflight_body_bytes: usize,
     pub queue_capacity: usize,
     pub cache_capacity_bytes: u64,
     pub fdatasync: bool,
@@ -40,6 +42,7 @@ impl Default for ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
             max_payload_bytes: 1024 * 1024,
             max_batch_body_bytes: 16 * 1024 * 1024,
+            inflight_body_bytes: 256 * 1024 * 1024,
             queue_capacity: 4096,
             cache_capacity_bytes: 512 * 1024 * 1024,
             fdatasync: true,
@@ -55,6 +58,7 @@ pub struct FileConfig {
     pub listen: Option<SocketAddr>,
     pub max_payload_bytes: Option<usize>,
     pub max_batch_body_bytes: Option<usize>,
+    pub inflight_body_bytes: Option<usize>,
     pub queue_capacity: Option<usize>,
     pub cache_capacity_bytes: Option<u64>,
     pub fdatasync: Option<bool>,
@@ -98,6 +102,9 @@ impl ServeConfig {
             max_batch_body_bytes: file
                 .max_batch_body_bytes
                 .unwrap_or(defaults.max_batch_body_bytes),
+            inflight_body_bytes: file
+                .inflight_body_bytes
+                .unwrap_or(defaults.inflight_body_bytes),
             queue_capacity: file.queue_capacity.unwrap_or(defaults.queue_capacity),
             cache_capacity_bytes: file
                 .cache_capacity_bytes
@@ -121,6 +128,15 @@ impl ServeConfig {
         }
         if self.max_batch_body_bytes < 1024 || self.max_batch_body_bytes > 256 * 1024 * 1024 {
             return Err(invalid("max_batch_body_bytes", "must be 1 KiB to 256 MiB"));
+        }
+        let largest_body = self
+            .max_batch_body_bytes
+            .max(self.max_payload_bytes + 64 * 1024);
+        if self.inflight_body_bytes < largest_body || self.inflight_body_bytes > 4 << 30 {
+            return Err(invalid(
+                "inflight_body_bytes",
+                "must hold at least the largest body (batch or single) and at most 4 GiB",
+            ));
         }
         if !(1..=1_000_000).contains(&self.queue_capacity) {
             return Err(invalid("queue_capacity", "must be 1 to 1000000"));

@@ -8,7 +8,7 @@ use crate::scheduler::{Scheduler, SchedulerError, SchedulerOptions, SystemClock}
 use crate::store::{SledOptions, SledStore, StoreError};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use tokio::net::TcpListener;
 
 #[derive(Debug, thiserror::Error)]
@@ -48,13 +48,10 @@ impl Server {
                 max_payload_bytes: config.max_payload_bytes,
             },
             config.max_batch_body_bytes,
+            config.inflight_body_bytes,
         );
         Ok(Server {
-            state: AppState {
-                scheduler: Arc::new(scheduler),
-                limits: Arc::new(limits),
-                draining: Arc::new(AtomicBool::new(false)),
-            },
+            state: AppState::new(Arc::new(scheduler), limits),
         })
     }
 

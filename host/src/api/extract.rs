@@ -8,15 +8,27 @@ use axum::extract::{FromRequestParts, Path};
 use axum::http::{HeaderMap, header, request::Parts};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Reads at most `limit_bytes` of JSON within `timeout`, and decodes it as `T`.
+/// A decoded body, and its share of the server's budget for request bytes in memory: hold it
+/// until the request is answered.
+pub struct Decoded<T> {
+    pub value: T,
+    pub _budget: OwnedSemaphorePermit,
+}
+
+/// Reads at most `limit_bytes` of JSON within `timeout`, and decodes it as `T`. The body's
+/// size (its Content-Length, or else the limit) is first taken from `budget`; when the budget
+/// is spent the request is refused as overloaded rather than queued without bound.
 pub async fn read_json<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
     limit_bytes: usize,
     timeout: Duration,
-) -> Result<T, ApiError> {
+    budget: &Arc<Semaphore>,
+) -> Result<Decoded<T>, ApiError> {
     let is_json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -29,6 +41,17 @@ pub async fn read_json<T: DeserializeOwned>(
     if !is_json {
         return Err(ApiError::UnsupportedMediaType);
     }
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    // An oversized body is still read up to the limit before it is refused: answering while
+    // the client is mid-upload would reach it as a broken pipe instead of a 413.
+    let share = declared.unwrap_or(limit_bytes).clamp(1, limit_bytes);
+    let permit = u32::try_from(share)
+        .ok()
+        .and_then(|share| budget.clone().try_acquire_many_owned(share).ok())
+        .ok_or(ApiError::Overloaded)?;
     let collected = tokio::time::timeout(timeout, Limited::new(body, limit_bytes).collect())
         .await
         .map_err(|_| ApiError::BodyTimeout(timeout.as_secs()))?;
@@ -39,7 +62,10 @@ pub async fn read_json<T: DeserializeOwned>(
         }
         Err(error) => return Err(ApiError::UnreadableBody(error.to_string())),
     };
-    decode_json(&bytes)
+    Ok(Decoded {
+        value: decode_json(&bytes)?,
+        _budget: permit,
+    })
 }
 
 /// Decodes JSON, telling broken syntax (400 malformed-json) from a well-formed body of the

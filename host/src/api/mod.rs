@@ -16,6 +16,7 @@ use axum::routing::{get, post};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
@@ -29,16 +30,19 @@ pub struct ApiLimits {
     /// A body that has not fully arrived after this long is refused, so a stalled client
     /// cannot hold a request open.
     pub body_timeout: Duration,
+    /// Request bodies held in memory at once, across all requests, in bytes.
+    pub inflight_body_bytes: usize,
 }
 
 impl ApiLimits {
-    pub fn new(task: Limits, batch_body_bytes: usize) -> Self {
+    pub fn new(task: Limits, batch_body_bytes: usize, inflight_body_bytes: usize) -> Self {
         let body_bytes = task.max_payload_bytes + 64 * 1024;
         ApiLimits {
             task,
             body_bytes,
             batch_body_bytes,
             body_timeout: Duration::from_secs(30),
+            inflight_body_bytes,
         }
     }
 }
@@ -48,9 +52,24 @@ pub struct AppState {
     pub scheduler: Arc<Scheduler>,
     pub limits: Arc<ApiLimits>,
     pub draining: Arc<AtomicBool>,
+    pub body_budget: Arc<Semaphore>,
 }
 
 impl AppState {
+    pub fn new(scheduler: Arc<Scheduler>, limits: ApiLimits) -> Self {
+        // Semaphore permits are u32 and capped by tokio; the budget is clamped to fit.
+        let permits = limits
+            .inflight_body_bytes
+            .min(Semaphore::MAX_PERMITS)
+            .min(u32::MAX as usize);
+        AppState {
+            scheduler,
+            limits: Arc::new(limits),
+            draining: Arc::new(AtomicBool::new(false)),
+            body_budget: Arc::new(Semaphore::new(permits)),
+        }
+    }
+
     fn refuse_if_draining(&self) -> Result<(), ApiError> {
         if self.draining.load(Ordering::Acquire) {
             Err(ApiError::Draining)

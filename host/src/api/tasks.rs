@@ -1,7 +1,7 @@
 //! Task routes: submit (one or a batch), read, list, timeline and cancel.
 
 use super::AppState;
-use super::extract::{TaskIdPath, decode_json, decode_query, read_json};
+use super::extract::{Decoded, TaskIdPath, decode_json, decode_query, read_json};
 use super::problem::{ApiError, Problem};
 use crate::model::{Actor, Event, State, Submission, Task, TaskId, TaskSpec};
 use crate::scheduler::{SubmitResult, Submitted};
@@ -31,8 +31,15 @@ pub async fn submit(
     state.refuse_if_draining()?;
     let header_key = idempotency_header(&headers)?;
     let limits = &state.limits;
-    let spec: TaskSpec = read_json(&headers, body, limits.body_bytes, limits.body_timeout).await?;
-    let submission = spec.into_submission(header_key, &limits.task)?;
+    let spec: Decoded<TaskSpec> = read_json(
+        &headers,
+        body,
+        limits.body_bytes,
+        limits.body_timeout,
+        &state.body_budget,
+    )
+    .await?;
+    let submission = spec.value.into_submission(header_key, &limits.task)?;
     let submitted = state.scheduler.submit(submission).await?;
     Ok(submitted_response(submitted))
 }
@@ -120,8 +127,15 @@ pub async fn submit_batch(
 ) -> Result<Json<BatchResponse>, ApiError> {
     state.refuse_if_draining()?;
     let limits = &state.limits;
-    let request: BatchRequest =
-        read_json(&headers, body, limits.batch_body_bytes, limits.body_timeout).await?;
+    let decoded: Decoded<BatchRequest> = read_json(
+        &headers,
+        body,
+        limits.batch_body_bytes,
+        limits.body_timeout,
+        &state.body_budget,
+    )
+    .await?;
+    let request = &decoded.value;
     if request.tasks.len() > MAX_BATCH_TASKS {
         return Err(ApiError::BatchTooLarge {
             count: request.tasks.len(),
@@ -145,7 +159,12 @@ pub async fn submit_batch(
             Err(error) => results.push(Some(BatchItem::from_error(error))),
         }
     }
-    let mut answers = state.scheduler.submit_many(valid).await?.into_iter();
+    let answers = if valid.is_empty() {
+        Vec::new()
+    } else {
+        state.scheduler.submit_many(valid).await?
+    };
+    let mut answers = answers.into_iter();
     let results = results
         .into_iter()
         .map(|slot| match slot {

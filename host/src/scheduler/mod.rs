@@ -160,10 +160,9 @@ impl Scheduler {
         after_seq: u64,
         limit: usize,
     ) -> Result<Vec<crate::model::Event>, SchedulerError> {
-        if self.store.task(id)?.is_none() {
-            return Err(SchedulerError::NotFound(id));
-        }
-        Ok(self.store.events_of(id, after_seq, limit)?)
+        self.store
+            .events_of(id, after_seq, limit)?
+            .ok_or(SchedulerError::NotFound(id))
     }
 
     pub fn list(&self, query: &ListQuery) -> Result<ListPage, SchedulerError> {

@@ -123,9 +123,14 @@ pub trait Store: Send + Sync + 'static {
     fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError>;
     fn payload(&self, id: TaskId) -> Result<Option<Vec<u8>>, StoreError>;
     fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError>;
-    /// The task's events, oldest first, after `after_seq`, at most `limit`.
-    fn events_of(&self, id: TaskId, after_seq: u64, limit: usize)
-    -> Result<Vec<Event>, StoreError>;
+    /// The task's events, oldest first, after `after_seq`, at most `limit`; `None` when there
+    /// is no such task.
+    fn events_of(
+        &self,
+        id: TaskId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<Event>>, StoreError>;
     fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError>;
     fn recover(&self) -> Result<Recovery, StoreError>;
 }

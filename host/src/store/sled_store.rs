@@ -210,9 +210,9 @@ impl Store for SledStore {
         id: TaskId,
         after_seq: u64,
         limit: usize,
-    ) -> Result<Vec<Event>, StoreError> {
+    ) -> Result<Option<Vec<Event>>, StoreError> {
         let Some(task) = self.task(id)? else {
-            return Ok(Vec::new());
+            return Ok(None);
         };
         let mut events = Vec::new();
         // Consecutive events of a task often share a block: keep the last one read.
@@ -234,7 +234,7 @@ impl Store for SledStore {
                 .ok_or_else(|| corrupt("event log", format!("event {seq} of {id} is missing")))?;
             events.push(event.clone());
         }
-        Ok(events)
+        Ok(Some(events))
     }
 
     fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
