@@ -15,9 +15,11 @@ use std::sync::Arc;
 use std::sync::mpsc::SyncSender;
 use tokio::sync::{mpsc, oneshot};
 
-/// Bounds on one group, so one commit stays small enough to be quick and to keep each
-/// payload-carrying page inside sled's synced log.
-const MAX_GROUP_TASKS: usize = 2048;
+/// Bounds on one group. Small groups let the writer plan the next group while the flusher
+/// syncs the last (the flusher still covers every group waiting with one sync); with 256
+/// clients, caps of 64 / 256 / 2048 measured 11.1k / 10.4k / 10.1k submissions/s. A group
+/// also stays small enough that each payload-carrying page fits sled's synced log.
+const MAX_GROUP_TASKS: usize = 64;
 const MAX_GROUP_PAYLOAD_BYTES: usize = 8 << 20;
 
 /// What a group has planned but not yet committed, and the answers waiting on it.
