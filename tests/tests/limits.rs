@@ -36,16 +36,16 @@ async fn bodies_past_the_memory_budget_are_refused_as_overloaded() {
     let big_spec =
         json!({"kind": "k", "labels": {"pad": "x".repeat(200)}, "payload": "y".repeat(900)});
     let padded = format!("{}{}", big_spec, " ".repeat(10_000));
-    let started = Instant::now();
-    let refused = loop {
-        let sent = client
+    let send_padded = || {
+        let request = client
             .post(&url)
             .header("content-type", "application/json")
-            .body(padded.clone())
-            .send()
-            .await
-            .unwrap();
-        let answer = answer(sent).await;
+            .body(padded.clone());
+        async move { answer(request.send().await.unwrap()).await }
+    };
+    let started = Instant::now();
+    let refused = loop {
+        let answer = send_padded().await;
         if answer.status == 503 {
             break answer;
         }
@@ -61,14 +61,7 @@ async fn bodies_past_the_memory_budget_are_refused_as_overloaded() {
     drop(stalled);
     let started = Instant::now();
     loop {
-        let sent = client
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(padded.clone())
-            .send()
-            .await
-            .unwrap();
-        let answer = answer(sent).await;
+        let answer = send_padded().await;
         if answer.status == 201 {
             break;
         }

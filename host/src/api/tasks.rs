@@ -214,6 +214,14 @@ pub struct ListParams {
     after: Option<String>,
 }
 
+/// A page size from the query: the default when absent, refused outside 1..=max.
+fn page_limit(requested: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    match requested.unwrap_or(default) {
+        limit @ 1.. if limit <= max => Ok(limit),
+        _ => Err(ApiError::InvalidQuery(format!("limit must be 1 to {max}"))),
+    }
+}
+
 #[derive(Serialize)]
 pub struct ListResponse {
     tasks: Vec<Task>,
@@ -225,12 +233,7 @@ pub async fn list(
     RawQuery(query): RawQuery,
 ) -> Result<Json<ListResponse>, ApiError> {
     let params: ListParams = decode_query(query.as_deref())?;
-    let limit = params.limit.unwrap_or(DEFAULT_LIST_LIMIT);
-    if limit == 0 || limit > MAX_LIST_LIMIT {
-        return Err(ApiError::InvalidQuery(format!(
-            "limit must be 1 to {MAX_LIST_LIMIT}"
-        )));
-    }
+    let limit = page_limit(params.limit, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)?;
     let after = match params.after.as_deref() {
         Some(text) => Some(
             text.parse::<TaskId>()
@@ -274,12 +277,7 @@ pub async fn events(
     RawQuery(query): RawQuery,
 ) -> Result<Json<EventsResponse>, ApiError> {
     let params: EventParams = decode_query(query.as_deref())?;
-    let limit = params.limit.unwrap_or(DEFAULT_EVENTS_LIMIT);
-    if limit == 0 || limit > MAX_EVENTS_LIMIT {
-        return Err(ApiError::InvalidQuery(format!(
-            "limit must be 1 to {MAX_EVENTS_LIMIT}"
-        )));
-    }
+    let limit = page_limit(params.limit, DEFAULT_EVENTS_LIMIT, MAX_EVENTS_LIMIT)?;
     let events = state
         .scheduler
         .events(id, params.after.unwrap_or(0), limit)?;

@@ -96,14 +96,12 @@ async fn submit(args: SubmitBenchArgs) -> anyhow::Result<()> {
     if args.duration_s == 0 || args.duration_s > 600 {
         bail!("--duration-s must be 1 to 600");
     }
-    let child = match &args.server {
-        Some(_) => None,
-        None => Some(tokio::task::spawn_blocking(ChildServer::start).await??),
-    };
-    let url = match (&args.server, &child) {
-        (Some(url), _) => url.clone(),
-        (None, Some(child)) => child.url.clone(),
-        (None, None) => unreachable!("a child is started when no server is given"),
+    let (url, child) = match &args.server {
+        Some(url) => (url.clone(), None),
+        None => {
+            let child = tokio::task::spawn_blocking(ChildServer::start).await??;
+            (child.url.clone(), Some(child))
+        }
     };
     println!(
         "durable submissions over HTTP to {url}, {} s per run, {} B payloads",
