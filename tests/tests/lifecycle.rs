@@ -136,6 +136,18 @@ async fn submit_read_cancel_list_and_restart() {
     assert_eq!(listed_ids, sorted, "pages come in id (arrival) order");
     assert_eq!(listed_ids.len(), 4);
 
+    // The counts agree with what happened, including the one refused cancel.
+    let stats = get_json(&client, &server.endpoint("/v1/stats")).await.body;
+    assert_eq!(stats["tasks_by_state"]["queued"], 3);
+    assert_eq!(stats["tasks_by_state"]["cancelled"], 1);
+    assert_eq!(stats["tasks_by_state"]["completed"], 0);
+    assert_eq!(
+        stats["queued_by_bucket"],
+        json!({"urgent": 0, "normal": 2, "low": 1})
+    );
+    assert_eq!(stats["illegal_transitions_total"], 1);
+    assert!(stats["last_event_seq"].as_u64().unwrap() >= *seqs.last().unwrap());
+
     assert_eq!(
         get_json(&client, &server.endpoint("/readyz")).await.status,
         200

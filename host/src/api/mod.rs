@@ -83,6 +83,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/v1/stats", get(stats))
         .route("/v1/tasks", post(tasks::submit).get(tasks::list))
         .route("/v1/tasks:batch", post(tasks::submit_batch))
         .route("/v1/tasks/{id}", get(tasks::get))
@@ -104,6 +105,10 @@ async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> 
         Ok(()) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
         Err(error) => error.into_response(),
     }
+}
+
+async fn stats(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    axum::Json(state.scheduler.snapshot().as_ref().clone()).into_response()
 }
 
 async fn route_not_found(uri: Uri) -> ApiError {

@@ -34,6 +34,15 @@ pub fn judge_key(existing: Option<&KeyRecord>, fingerprint: &[u8; 32]) -> KeyVer
     }
 }
 
+/// What the engine knows about the whole system at one moment, for status and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Snapshot {
+    pub tasks_by_state: std::collections::BTreeMap<State, u64>,
+    pub queued_by_bucket: std::collections::BTreeMap<crate::model::Priority, usize>,
+    pub illegal_transitions_total: u64,
+    pub last_event_seq: u64,
+}
+
 #[derive(Debug)]
 pub struct Engine {
     ids: IdGenerator,
@@ -90,6 +99,21 @@ impl Engine {
 
     pub fn illegal_transitions(&self) -> u64 {
         self.illegal_transitions
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            tasks_by_state: State::ALL
+                .into_iter()
+                .map(|s| (s, self.tasks_in(s)))
+                .collect(),
+            queued_by_bucket: crate::model::Priority::ALL
+                .into_iter()
+                .map(|b| (b, self.queues.len(b)))
+                .collect(),
+            illegal_transitions_total: self.illegal_transitions,
+            last_event_seq: self.next_event_seq - 1,
+        }
     }
 
     /// Plans a new task: created, then admitted to its bucket, as one atomic change with one

@@ -12,9 +12,10 @@ mod writer;
 
 pub use clock::{Clock, SystemClock};
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Snapshot};
 use crate::model::{Actor, IllegalTransition, State, Submission, Task, TaskId};
 use crate::store::{ListPage, ListQuery, Store, StoreError};
+use arc_swap::ArcSwap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use tokio::sync::{mpsc, oneshot};
@@ -86,6 +87,8 @@ pub(crate) enum Command {
 pub struct Scheduler {
     commands: mpsc::Sender<Command>,
     store: Arc<dyn Store>,
+    /// The engine's state as of the writer's last group.
+    snapshot: Arc<ArcSwap<Snapshot>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -108,7 +111,9 @@ impl Scheduler {
         );
         let (commands, inbox) = mpsc::channel(options.queue_capacity.max(1));
         let (flush_tx, flush_rx) = std::sync::mpsc::sync_channel(options.queue_capacity.max(1));
-        let mut writer = writer::Writer::new(engine, store.clone(), clock, flush_tx);
+        let snapshot = Arc::new(ArcSwap::from_pointee(engine.snapshot()));
+        let mut writer =
+            writer::Writer::new(engine, store.clone(), clock, flush_tx, snapshot.clone());
         writer.admit_recovered(&unadmitted)?;
         let flusher_store = store.clone();
         let flusher = std::thread::Builder::new()
@@ -120,6 +125,7 @@ impl Scheduler {
         Ok(Scheduler {
             commands,
             store,
+            snapshot,
             threads: Mutex::new(vec![writer, flusher]),
         })
     }
@@ -144,6 +150,11 @@ impl Scheduler {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Cancel { id, actor, reply })?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
+    /// Counts by state and bucket, illegal transitions refused, the last event number.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
     }
 
     pub fn task(&self, id: TaskId) -> Result<Task, SchedulerError> {

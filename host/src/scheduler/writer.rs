@@ -5,9 +5,10 @@
 
 use super::flusher::Delivery;
 use super::{Clock, Command, SchedulerError, SubmitResult, Submitted};
-use crate::engine::{Engine, KeyVerdict, judge_key};
+use crate::engine::{Engine, KeyVerdict, Snapshot, judge_key};
 use crate::model::{Actor, State, Submission, Task, TaskId};
 use crate::store::{Change, KeyRecord, Store, StoreError};
+use arc_swap::ArcSwap;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -55,6 +56,7 @@ pub(crate) struct Writer {
     clock: Box<dyn Clock>,
     random: SmallRng,
     flusher: SyncSender<Delivery>,
+    snapshot: Arc<ArcSwap<Snapshot>>,
 }
 
 impl Writer {
@@ -63,6 +65,7 @@ impl Writer {
         store: Arc<dyn Store>,
         clock: Box<dyn Clock>,
         flusher: SyncSender<Delivery>,
+        snapshot: Arc<ArcSwap<Snapshot>>,
     ) -> Self {
         Writer {
             engine,
@@ -70,6 +73,7 @@ impl Writer {
             clock,
             random: SmallRng::from_os_rng(),
             flusher,
+            snapshot,
         }
     }
 
@@ -88,6 +92,7 @@ impl Writer {
                 }
             }
             self.finish(group);
+            self.snapshot.store(Arc::new(self.engine.snapshot()));
         }
         // Dropping the inbox answers every command still queued with `ShuttingDown`.
         inbox.close();
