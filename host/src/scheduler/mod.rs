@@ -217,3 +217,6 @@ impl From<std::io::Error> for SchedulerError {
         SchedulerError::Store(Arc::new(StoreError::Io(error)))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -174,6 +174,7 @@ impl Writer {
             self.store.commit(&group.change)?;
             self.store.sync()?;
         }
+        self.snapshot.store(Arc::new(self.engine.snapshot()));
         Ok(())
     }
 

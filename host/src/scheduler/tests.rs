@@ -1,0 +1,189 @@
+//! The writer and flusher threads over a real sled store, with a fault-injecting wrapper where
+//! a test needs a commit to fail.
+
+use super::*;
+use crate::model::{Limits, TaskSpec};
+use crate::store::{Change, KeyRecord, ListPage, ListQuery, Recovery, SledOptions, SledStore};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A clock that reads a fixed time.
+struct FixedClock(u64);
+
+impl Clock for FixedClock {
+    fn now_ms(&self) -> u64 {
+        self.0
+    }
+}
+
+/// The real store, except that `commit` fails while `fail_commits` is set.
+struct FlakyStore {
+    inner: SledStore,
+    fail_commits: AtomicBool,
+}
+
+impl Store for FlakyStore {
+    fn commit(&self, change: &Change) -> Result<(), StoreError> {
+        if self.fail_commits.load(Ordering::SeqCst) {
+            return Err(StoreError::Io(std::io::Error::other(
+                "injected commit failure",
+            )));
+        }
+        self.inner.commit(change)
+    }
+    fn sync(&self) -> Result<(), StoreError> {
+        self.inner.sync()
+    }
+    fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
+        self.inner.task(id)
+    }
+    fn payload(&self, id: TaskId) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.payload(id)
+    }
+    fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        self.inner.key(key)
+    }
+    fn events_of(
+        &self,
+        id: TaskId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<crate::model::Event>>, StoreError> {
+        self.inner.events_of(id, after_seq, limit)
+    }
+    fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        self.inner.list(query)
+    }
+    fn recover(&self) -> Result<Recovery, StoreError> {
+        self.inner.recover()
+    }
+}
+
+fn submission(key: Option<&str>, payload: serde_json::Value) -> Submission {
+    let spec: TaskSpec =
+        serde_json::from_value(serde_json::json!({"kind": "k", "key": key, "payload": payload}))
+            .unwrap();
+    spec.into_submission(None, &Limits::default()).unwrap()
+}
+
+fn start(store: Arc<dyn Store>) -> Scheduler {
+    Scheduler::start(
+        store,
+        Box::new(FixedClock(1_000)),
+        &SchedulerOptions::default(),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn one_group_sees_its_own_keys_replaying_and_conflicting() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SledStore::open(dir.path(), &SledOptions::default()).unwrap());
+    let scheduler = start(store);
+    let answers = scheduler
+        .submit_many(vec![
+            submission(Some("a"), serde_json::json!(1)),
+            submission(Some("a"), serde_json::json!(1)),
+            submission(Some("a"), serde_json::json!(2)),
+            submission(None, serde_json::json!(1)),
+        ])
+        .await
+        .unwrap();
+    let first = answers[0].as_ref().unwrap();
+    assert!(!first.replayed);
+    let replay = answers[1].as_ref().unwrap();
+    assert!(replay.replayed);
+    assert_eq!(replay.task.id, first.task.id);
+    assert!(
+        matches!(&answers[2], Err(SchedulerError::KeyConflict { task_id, .. }) if *task_id == first.task.id)
+    );
+    assert!(!answers[3].as_ref().unwrap().replayed);
+    let snapshot = scheduler.snapshot();
+    assert_eq!(snapshot.tasks_by_state[&State::Queued], 2);
+    assert_eq!(snapshot.last_event_seq, 4);
+    scheduler.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_commit_is_answered_with_errors_and_leaves_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FlakyStore {
+        inner: SledStore::open(dir.path(), &SledOptions::default()).unwrap(),
+        fail_commits: AtomicBool::new(false),
+    });
+    let scheduler = start(store.clone());
+    let kept = scheduler
+        .submit(submission(Some("kept"), serde_json::json!(1)))
+        .await
+        .unwrap();
+
+    store.fail_commits.store(true, Ordering::SeqCst);
+    let lost = scheduler
+        .submit(submission(Some("lost"), serde_json::json!(1)))
+        .await;
+    assert!(matches!(lost, Err(SchedulerError::Store(_))), "{lost:?}");
+    let refused_cancel = scheduler.cancel(kept.task.id, Actor::api()).await;
+    assert!(matches!(refused_cancel, Err(SchedulerError::Store(_))));
+    store.fail_commits.store(false, Ordering::SeqCst);
+
+    // The engine was rebuilt from the store: no gap in event numbers, no phantom task.
+    let snapshot = scheduler.snapshot();
+    assert_eq!(snapshot.tasks_by_state[&State::Queued], 1);
+    assert_eq!(snapshot.last_event_seq, 2);
+    let retried = scheduler
+        .submit(submission(Some("lost"), serde_json::json!(1)))
+        .await
+        .unwrap();
+    assert!(
+        !retried.replayed,
+        "the failed submission left no key behind"
+    );
+    let events = scheduler.events(retried.task.id, 0, 10).unwrap();
+    assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4]);
+    let cancelled = scheduler.cancel(kept.task.id, Actor::api()).await.unwrap();
+    assert_eq!(cancelled.state, State::Cancelled);
+    scheduler.shutdown().await;
+}
+
+#[tokio::test]
+async fn tasks_left_created_are_admitted_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let created_id = {
+        let store = SledStore::open(dir.path(), &SledOptions::default()).unwrap();
+        // Write a task exactly as a crash between creation and admission would leave it.
+        let mut change = crate::engine::Engine::default().plan_create(
+            500,
+            7,
+            &submission(Some("half-done"), serde_json::json!({"x": 1})),
+        );
+        change.events.truncate(1);
+        let task = &mut change.writes[0].task;
+        task.state = State::Created;
+        task.event_seqs.truncate(1);
+        let id = task.id;
+        store.commit(&change).unwrap();
+        store.sync().unwrap();
+        id
+    };
+    let store = Arc::new(SledStore::open(dir.path(), &SledOptions::default()).unwrap());
+    let scheduler = start(store);
+    let task = scheduler.task(created_id).unwrap();
+    assert_eq!(task.state, State::Queued);
+    let events = scheduler.events(created_id, 0, 10).unwrap();
+    let steps: Vec<_> = events.iter().map(|e| (e.seq, e.from, e.to)).collect();
+    assert_eq!(
+        steps,
+        [
+            (1, None, State::Created),
+            (2, Some(State::Created), State::Queued)
+        ]
+    );
+    assert_eq!(
+        scheduler
+            .snapshot()
+            .queued_by_bucket
+            .values()
+            .sum::<usize>(),
+        1
+    );
+    scheduler.shutdown().await;
+}
