@@ -23,9 +23,20 @@ fn body(round: usize, client: usize, n: usize) -> Value {
            "priority": priority, "payload": {"round": round, "client": client, "n": n}})
 }
 
-/// One round: 8 clients submit until enough are acknowledged, then the server is SIGKILLed
-/// with requests in flight. Returns key → id of the acknowledged ones and the keys tried.
-async fn submit_then_kill(server: Server, round: usize) -> (HashMap<String, String>, Vec<Value>) {
+/// How a round stops the server while requests are in flight.
+#[derive(Clone, Copy, PartialEq)]
+enum Stop {
+    Kill,
+    Terminate,
+}
+
+/// One round: 8 clients submit until enough are acknowledged, then the server is stopped with
+/// requests in flight. Returns key → id of the acknowledged ones and the keys tried.
+async fn submit_then_stop(
+    server: Server,
+    round: usize,
+    how: Stop,
+) -> (HashMap<String, String>, Vec<Value>) {
     let url = server.endpoint("/v1/tasks");
     let client = http();
     let stop = Arc::new(AtomicBool::new(false));
@@ -64,7 +75,14 @@ async fn submit_then_kill(server: Server, round: usize) -> (HashMap<String, Stri
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    server.kill9();
+    match how {
+        Stop::Kill => server.kill9(),
+        Stop::Terminate => assert_eq!(
+            server.terminate().code(),
+            Some(0),
+            "SIGTERM under load exits 0"
+        ),
+    }
     stop.store(true, Ordering::Release);
     let mut acked = HashMap::new();
     let mut tried = Vec::new();
@@ -125,7 +143,7 @@ async fn sigkill_during_submissions_loses_and_duplicates_nothing() {
     let mut tried = Vec::new();
     let mut server = Server::start(dir.path());
     for round in 0..ROUNDS {
-        let (round_acked, round_tried) = submit_then_kill(server, round).await;
+        let (round_acked, round_tried) = submit_then_stop(server, round, Stop::Kill).await;
         assert!(round_acked.len() >= ACKED_BEFORE_KILL);
         acked.extend(round_acked);
         tried.extend(round_tried);
@@ -163,4 +181,15 @@ async fn sigkill_during_submissions_loses_and_duplicates_nothing() {
         Some(0),
         "SIGTERM stops the server cleanly"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_under_load_exits_cleanly_and_keeps_everything_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let (acked, tried) = submit_then_stop(server, 0, Stop::Terminate).await;
+    let server = Server::start(dir.path());
+    check_nothing_lost_or_doubled(&server, &acked).await;
+    let stored = all_tasks(&http(), &server).await;
+    assert!(stored.len() >= acked.len() && stored.len() <= tried.len());
 }
