@@ -1,17 +1,10 @@
 //! `sluice bench submit`: durable submissions per second over real HTTP, and the latency from
 //! request to acknowledgement, at several numbers of concurrent clients.
 
+use super::child::ChildServer;
 use anyhow::{Context, bail};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-#[derive(clap::Subcommand)]
-pub enum BenchCommand {
-    /// Submissions/s and acknowledgement latency p50/p99 at each client count.
-    Submit(SubmitBenchArgs),
-}
 
 #[derive(clap::Args)]
 pub struct SubmitBenchArgs {
@@ -29,59 +22,6 @@ pub struct SubmitBenchArgs {
     payload_bytes: usize,
 }
 
-pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
-    match command {
-        BenchCommand::Submit(args) => submit(args).await,
-    }
-}
-
-/// A `sluice serve` child on a temporary directory, stopped when dropped.
-struct ChildServer {
-    child: Child,
-    url: String,
-    _data_dir: tempfile::TempDir,
-}
-
-impl ChildServer {
-    fn start() -> anyhow::Result<ChildServer> {
-        let data_dir = tempfile::tempdir().context("cannot create a temporary data directory")?;
-        let exe = std::env::current_exe().context("cannot find the sluice executable")?;
-        let mut child = Command::new(exe)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir.path())
-            .env("SLUICE_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("cannot start sluice serve")?;
-        let stdout = child.stdout.take().context("no stdout from sluice serve")?;
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let Some(url) = line.trim().strip_prefix("listening on ") else {
-            let _ = child.kill();
-            bail!(
-                "sluice serve did not announce its address (got `{}`)",
-                line.trim()
-            );
-        };
-        Ok(ChildServer {
-            url: url.to_owned(),
-            child,
-            _data_dir: data_dir,
-        })
-    }
-}
-
-impl Drop for ChildServer {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let _ = self.child.wait();
-    }
-}
-
 struct RunFigures {
     acknowledged: usize,
     failed: usize,
@@ -89,7 +29,7 @@ struct RunFigures {
     latencies_us: Vec<u32>,
 }
 
-async fn submit(args: SubmitBenchArgs) -> anyhow::Result<()> {
+pub async fn run(args: SubmitBenchArgs) -> anyhow::Result<()> {
     if args.clients.iter().any(|&c| c == 0 || c > 4096) {
         bail!("--clients values must be 1 to 4096");
     }
@@ -99,7 +39,7 @@ async fn submit(args: SubmitBenchArgs) -> anyhow::Result<()> {
     let (url, child) = match &args.server {
         Some(url) => (url.clone(), None),
         None => {
-            let child = tokio::task::spawn_blocking(ChildServer::start).await??;
+            let child = tokio::task::spawn_blocking(ChildServer::start_fresh).await??;
             (child.url.clone(), Some(child))
         }
     };

@@ -1,0 +1,74 @@
+//! A `sluice serve` child process for the benchmarks, stopped with SIGTERM when dropped.
+
+use anyhow::{Context, bail};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct ChildServer {
+    child: Child,
+    pub url: String,
+    /// From spawning the process to its `listening on` line.
+    pub ready_after: Duration,
+    _data_dir: Option<tempfile::TempDir>,
+}
+
+impl ChildServer {
+    /// A server on a new temporary directory, removed when the child is dropped.
+    pub fn start_fresh() -> anyhow::Result<ChildServer> {
+        let data_dir = tempfile::tempdir().context("cannot create a temporary data directory")?;
+        let mut child = Self::start(data_dir.path())?;
+        child._data_dir = Some(data_dir);
+        Ok(child)
+    }
+
+    /// A server on `data_dir`, which it leaves in place.
+    pub fn start(data_dir: &Path) -> anyhow::Result<ChildServer> {
+        let exe = std::env::current_exe().context("cannot find the sluice executable")?;
+        let started = Instant::now();
+        let mut child = Command::new(exe)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start sluice serve")?;
+        let stdout = child.stdout.take().context("no stdout from sluice serve")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let ready_after = started.elapsed();
+        let Some(url) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            bail!(
+                "sluice serve did not announce its address (got `{}`)",
+                line.trim()
+            );
+        };
+        Ok(ChildServer {
+            url: url.to_owned(),
+            child,
+            ready_after,
+            _data_dir: None,
+        })
+    }
+
+    /// The child's resident memory, from /proc (Linux only).
+    pub fn resident_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let _ = self.child.wait();
+    }
+}
