@@ -1,0 +1,135 @@
+//! Aging policy: a task that has waited `low_to_normal_ms` in low moves to normal, and one that
+//! has waited `normal_to_urgent_ms` in normal moves to urgent (default 30 minutes each, after
+//! the seed's fix for starved low-priority work). One step per tick: the wait counts from when
+//! the task entered its current bucket.
+
+wit_bindgen::generate!({ world: "aging-policy", path: "../../wit" });
+
+use exports::sluice::policy::aging::{Guest, Promotion};
+use sluice::policy::types::{Bucket, TaskView};
+use std::sync::Mutex;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Settings {
+    pub low_to_normal_ms: u64,
+    pub normal_to_urgent_ms: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            low_to_normal_ms: 1_800_000,
+            normal_to_urgent_ms: 1_800_000,
+        }
+    }
+}
+
+impl Settings {
+    pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
+        let config =
+            policy_config::Config::parse(bytes, &["low_to_normal_ms", "normal_to_urgent_ms"])?;
+        let defaults = Settings::default();
+        let settings = Settings {
+            low_to_normal_ms: config.u64_or("low_to_normal_ms", defaults.low_to_normal_ms)?,
+            normal_to_urgent_ms: config
+                .u64_or("normal_to_urgent_ms", defaults.normal_to_urgent_ms)?,
+        };
+        if settings.low_to_normal_ms == 0 || settings.normal_to_urgent_ms == 0 {
+            return Err("waits must be at least 1 ms".into());
+        }
+        Ok(settings)
+    }
+
+    pub fn age(&self, now_ms: u64, waiting: &[TaskView]) -> Vec<Promotion> {
+        waiting
+            .iter()
+            .enumerate()
+            .filter_map(|(index, task)| {
+                let waited = now_ms.saturating_sub(task.bucket_since_ms);
+                let to = match task.bucket {
+                    Bucket::Low if waited >= self.low_to_normal_ms => Bucket::Normal,
+                    Bucket::Normal if waited >= self.normal_to_urgent_ms => Bucket::Urgent,
+                    _ => return None,
+                };
+                Some(Promotion {
+                    index: u32::try_from(index).ok()?,
+                    to,
+                })
+            })
+            .collect()
+    }
+}
+
+static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
+    low_to_normal_ms: 1_800_000,
+    normal_to_urgent_ms: 1_800_000,
+});
+
+#[allow(dead_code)] // used by `export!` in the wasm32 build only
+struct Component;
+
+impl Guest for Component {
+    fn init(config: Vec<u8>) -> Result<(), String> {
+        let parsed = Settings::parse(&config)?;
+        *SETTINGS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = parsed;
+        Ok(())
+    }
+
+    fn age(now_ms: u64, waiting: Vec<TaskView>) -> Vec<Promotion> {
+        let settings = *SETTINGS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        settings.age(now_ms, &waiting)
+    }
+}
+
+// Exported only in the component build: native (test) builds have no component ABI.
+#[cfg(target_arch = "wasm32")]
+export!(Component);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(bucket: Bucket, bucket_since_ms: u64) -> TaskView {
+        TaskView {
+            seq: 0,
+            tenant: 0,
+            kind: 0,
+            bucket,
+            submitted_bucket: Bucket::Low,
+            created_ms: 0,
+            bucket_since_ms,
+            attempt: 0,
+            est_exec_ms: 0,
+        }
+    }
+
+    #[test]
+    fn promotes_one_step_after_the_threshold_and_not_before() {
+        let settings = Settings::parse(b"low_to_normal_ms=100\nnormal_to_urgent_ms=200").unwrap();
+        let waiting = [
+            view(Bucket::Low, 1_000),  // waited 100: promote
+            view(Bucket::Low, 1_001),  // waited 99: stay
+            view(Bucket::Normal, 900), // waited 200: promote
+            view(Bucket::Normal, 950), // waited 150: stay
+            view(Bucket::Urgent, 0),   // already at the top
+            view(Bucket::Low, 5_000),  // clock behind the entry time: stay
+        ];
+        let promotions: Vec<(u32, Bucket)> = settings
+            .age(1_100, &waiting)
+            .iter()
+            .map(|p| (p.index, p.to))
+            .collect();
+        assert_eq!(promotions, [(0, Bucket::Normal), (2, Bucket::Urgent)]);
+    }
+
+    #[test]
+    fn defaults_are_thirty_minutes_and_config_is_checked() {
+        assert_eq!(Settings::parse(b"").unwrap().low_to_normal_ms, 1_800_000);
+        assert!(Settings::parse(b"low_to_normal_ms=0").is_err());
+        assert!(Settings::parse(b"wait_ms=5").is_err());
+    }
+}

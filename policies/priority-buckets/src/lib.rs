@@ -1,0 +1,171 @@
+//! Priority policy: a task waits in the bucket of its submitted priority, first come first
+//! served (rank = arrival sequence), and one attempt may run `est_exec_ms` times a factor per
+//! bucket (1.5 urgent, 2 normal, 3 low: urgent work is given up on sooner). Claims are shared
+//! among buckets by weight, 60/35/5 by default.
+
+wit_bindgen::generate!({ world: "priority-policy", path: "../../wit" });
+
+use exports::sluice::policy::priority::{Admission, Guest};
+use sluice::policy::types::TaskMeta;
+use std::sync::Mutex;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// Timeout factors in thousandths, by bucket: urgent, normal, low.
+    pub timeout_factor_milli: [u64; 3],
+    pub weights: [u32; 3],
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            timeout_factor_milli: [1500, 2000, 3000],
+            weights: [60, 35, 5],
+        }
+    }
+}
+
+const NAMES: [&str; 4] = [
+    "urgent_timeout_factor",
+    "normal_timeout_factor",
+    "low_timeout_factor",
+    "weights",
+];
+
+impl Settings {
+    pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
+        let config = policy_config::Config::parse(bytes, &NAMES)?;
+        let defaults = Settings::default();
+        let mut timeout_factor_milli = defaults.timeout_factor_milli;
+        for (slot, name) in timeout_factor_milli.iter_mut().zip(&NAMES[..3]) {
+            let factor = config.f64_or(name, *slot as f64 / 1000.0)?;
+            if !(0.1..=100.0).contains(&factor) {
+                return Err(format!("`{name}` must be 0.1 to 100"));
+            }
+            *slot = (factor * 1000.0).round() as u64;
+        }
+        let weights: Vec<u32> = config.list_or("weights", &defaults.weights)?;
+        let weights: [u32; 3] = weights
+            .try_into()
+            .map_err(|_| "`weights` needs three values: urgent, normal, low".to_string())?;
+        if weights.iter().sum::<u32>() == 0 || weights.iter().any(|&w| w > 1000) {
+            return Err("`weights` must each be 0 to 1000 and not all 0".into());
+        }
+        Ok(Settings {
+            timeout_factor_milli,
+            weights,
+        })
+    }
+
+    pub fn admit(&self, task: &TaskMeta) -> Admission {
+        let bucket = task.view.submitted_bucket;
+        let factor = self.timeout_factor_milli[bucket as usize];
+        let timeout = task.view.est_exec_ms.saturating_mul(factor) / 1000;
+        Admission {
+            bucket,
+            rank: task.view.seq,
+            attempt_timeout_ms: timeout.max(1),
+        }
+    }
+}
+
+static SETTINGS: Mutex<Option<Settings>> = Mutex::new(None);
+
+fn settings() -> Settings {
+    let guard = SETTINGS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    guard.clone().unwrap_or_default()
+}
+
+#[allow(dead_code)] // used by `export!` in the wasm32 build only
+struct Component;
+
+impl Guest for Component {
+    fn init(config: Vec<u8>) -> Result<(), String> {
+        let parsed = Settings::parse(&config)?;
+        *SETTINGS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(parsed);
+        Ok(())
+    }
+
+    fn bucket_weights() -> Vec<u32> {
+        settings().weights.to_vec()
+    }
+
+    fn admit(_now_ms: u64, tasks: Vec<TaskMeta>) -> Vec<Admission> {
+        let settings = settings();
+        tasks.iter().map(|task| settings.admit(task)).collect()
+    }
+}
+
+// Exported only in the component build: native (test) builds have no component ABI.
+#[cfg(target_arch = "wasm32")]
+export!(Component);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice::policy::types::{Bucket, TaskView};
+
+    fn task(seq: u64, bucket: Bucket, est_exec_ms: u64) -> TaskMeta {
+        TaskMeta {
+            view: TaskView {
+                seq,
+                tenant: 0,
+                kind: 0,
+                bucket,
+                submitted_bucket: bucket,
+                created_ms: 0,
+                bucket_since_ms: 0,
+                attempt: 0,
+                est_exec_ms,
+            },
+            kind_name: "oct.analyze".into(),
+            tenant_name: "site-a".into(),
+            device: "scanner-1".into(),
+            labels: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn bucket_rank_and_timeout_follow_the_seed_formula() {
+        let settings = Settings::default();
+        let urgent = settings.admit(&task(7, Bucket::Urgent, 5));
+        assert_eq!(
+            (urgent.bucket, urgent.rank, urgent.attempt_timeout_ms),
+            (Bucket::Urgent, 7, 7)
+        );
+        let normal = settings.admit(&task(8, Bucket::Normal, 600_000));
+        assert_eq!(
+            (normal.bucket, normal.attempt_timeout_ms),
+            (Bucket::Normal, 1_200_000)
+        );
+        let low = settings.admit(&task(9, Bucket::Low, 30_000));
+        assert_eq!((low.bucket, low.attempt_timeout_ms), (Bucket::Low, 90_000));
+        assert_eq!(
+            settings.admit(&task(1, Bucket::Low, 0)).attempt_timeout_ms,
+            1
+        );
+        assert_eq!(
+            settings
+                .admit(&task(1, Bucket::Low, u64::MAX))
+                .attempt_timeout_ms,
+            u64::MAX / 1000
+        );
+    }
+
+    #[test]
+    fn config_sets_factors_and_weights_and_refuses_nonsense() {
+        let custom = Settings::parse(b"urgent_timeout_factor=1.25\nweights=70,25,5").unwrap();
+        assert_eq!(custom.timeout_factor_milli, [1250, 2000, 3000]);
+        assert_eq!(custom.weights, [70, 25, 5]);
+        assert_eq!(Settings::parse(b"").unwrap(), Settings::default());
+        assert!(Settings::parse(b"weights=1,2").is_err());
+        assert!(Settings::parse(b"weights=0,0,0").is_err());
+        assert!(Settings::parse(b"low_timeout_factor=0").is_err());
+        assert!(Settings::parse(b"low_timeout_factor=inf").is_err());
+        assert!(Settings::parse(b"timeout=2").is_err());
+    }
+}

@@ -1,0 +1,101 @@
+//! Split policy by hash of vector id: `buckets=N` children, child `i` covering the ids whose
+//! hash modulo N is `i`. Even load on any data set, at the cost of every child scanning for its
+//! ids (seed 000's table).
+
+wit_bindgen::generate!({ world: "split-policy", path: "../../wit" });
+
+use exports::sluice::policy::split::{Guest, ShardFilter, SplitRequest, Subtask};
+use std::sync::Mutex;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Settings {
+    pub buckets: u32,
+    pub max_children: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            buckets: 1,
+            max_children: 256,
+        }
+    }
+}
+
+impl Settings {
+    pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
+        let config = policy_config::Config::parse(bytes, &["buckets", "max_children"])?;
+        let settings = Settings {
+            buckets: config.u32_or("buckets", 1)?,
+            max_children: config.u32_or("max_children", 256)?,
+        };
+        if settings.buckets == 0 {
+            return Err("`buckets` must be at least 1".into());
+        }
+        Ok(settings)
+    }
+
+    pub fn split(&self) -> Result<Vec<Subtask>, String> {
+        if self.buckets > self.max_children {
+            return Err(format!(
+                "{} buckets would make more children than the limit of {}",
+                self.buckets, self.max_children
+            ));
+        }
+        Ok((0..self.buckets)
+            .map(|bucket| Subtask {
+                filter: ShardFilter::IdHash((bucket, self.buckets)),
+                weight: 1.0,
+            })
+            .collect())
+    }
+}
+
+static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
+    buckets: 1,
+    max_children: 256,
+});
+
+#[allow(dead_code)] // used by `export!` in the wasm32 build only
+struct Component;
+
+impl Guest for Component {
+    fn init(config: Vec<u8>) -> Result<(), String> {
+        let parsed = Settings::parse(&config)?;
+        *SETTINGS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = parsed;
+        Ok(())
+    }
+
+    fn split(_request: SplitRequest) -> Result<Vec<Subtask>, String> {
+        SETTINGS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .split()
+    }
+}
+
+// Exported only in the component build: native (test) builds have no component ABI.
+#[cfg(target_arch = "wasm32")]
+export!(Component);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn children_cover_every_bucket_once() {
+        let children = Settings::parse(b"buckets=4").unwrap().split().unwrap();
+        let filters: Vec<_> = children
+            .iter()
+            .map(|c| match c.filter {
+                ShardFilter::IdHash(pair) => pair,
+                _ => panic!("not a hash filter"),
+            })
+            .collect();
+        assert_eq!(filters, [(0, 4), (1, 4), (2, 4), (3, 4)]);
+        assert!(Settings::parse(b"buckets=257").unwrap().split().is_err());
+        assert!(Settings::parse(b"buckets=0").is_err());
+    }
+}

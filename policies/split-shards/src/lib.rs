@@ -1,0 +1,127 @@
+//! Split policy by stored shard: one child per shard (`shards=N`), each weighted 1 unless
+//! `weights` lists one weight per shard. More children than `max_children` (default 256) is
+//! refused: a split too fine costs more to schedule than to run (seed 000).
+
+wit_bindgen::generate!({ world: "split-policy", path: "../../wit" });
+
+use exports::sluice::policy::split::{Guest, ShardFilter, SplitRequest, Subtask};
+use std::sync::Mutex;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub shards: u32,
+    pub weights: Vec<f32>,
+    pub max_children: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            shards: 1,
+            weights: Vec::new(),
+            max_children: 256,
+        }
+    }
+}
+
+impl Settings {
+    pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
+        let config = policy_config::Config::parse(bytes, &["shards", "weights", "max_children"])?;
+        let settings = Settings {
+            shards: config.u32_or("shards", 1)?,
+            weights: config.list_or("weights", &[])?,
+            max_children: config.u32_or("max_children", 256)?,
+        };
+        if settings.shards == 0 {
+            return Err("`shards` must be at least 1".into());
+        }
+        if !settings.weights.is_empty() && settings.weights.len() != settings.shards as usize {
+            return Err("`weights` needs one weight per shard".into());
+        }
+        if settings.weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
+            return Err("`weights` must be finite and not negative".into());
+        }
+        Ok(settings)
+    }
+
+    pub fn split(&self) -> Result<Vec<Subtask>, String> {
+        if self.shards > self.max_children {
+            return Err(format!(
+                "{} shards would make more children than the limit of {}",
+                self.shards, self.max_children
+            ));
+        }
+        Ok((0..self.shards)
+            .map(|shard| Subtask {
+                filter: ShardFilter::Shard(shard),
+                weight: self.weights.get(shard as usize).copied().unwrap_or(1.0),
+            })
+            .collect())
+    }
+}
+
+static SETTINGS: Mutex<Option<Settings>> = Mutex::new(None);
+
+#[allow(dead_code)] // used by `export!` in the wasm32 build only
+struct Component;
+
+impl Guest for Component {
+    fn init(config: Vec<u8>) -> Result<(), String> {
+        let parsed = Settings::parse(&config)?;
+        *SETTINGS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(parsed);
+        Ok(())
+    }
+
+    fn split(_request: SplitRequest) -> Result<Vec<Subtask>, String> {
+        let settings = SETTINGS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        settings.unwrap_or_default().split()
+    }
+}
+
+// Exported only in the component build: native (test) builds have no component ABI.
+#[cfg(target_arch = "wasm32")]
+export!(Component);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_child_per_shard_with_weights() {
+        let children = Settings::parse(b"shards=3\nweights=1,0.5,2")
+            .unwrap()
+            .split()
+            .unwrap();
+        let shards: Vec<_> = children
+            .iter()
+            .map(|c| match c.filter {
+                ShardFilter::Shard(s) => (s, c.weight),
+                _ => panic!("not a shard filter"),
+            })
+            .collect();
+        assert_eq!(shards, [(0, 1.0), (1, 0.5), (2, 2.0)]);
+        assert_eq!(
+            Settings::parse(b"shards=4").unwrap().split().unwrap().len(),
+            4
+        );
+    }
+
+    #[test]
+    fn too_many_children_and_bad_config_are_refused() {
+        assert!(Settings::parse(b"shards=300").unwrap().split().is_err());
+        assert!(
+            Settings::parse(b"shards=300\nmax_children=512")
+                .unwrap()
+                .split()
+                .is_ok()
+        );
+        assert!(Settings::parse(b"shards=0").is_err());
+        assert!(Settings::parse(b"shards=2\nweights=1").is_err());
+        assert!(Settings::parse(b"shards=1\nweights=-1").is_err());
+    }
+}
