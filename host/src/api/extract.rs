@@ -6,7 +6,8 @@ use crate::model::TaskId;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path};
 use axum::http::{HeaderMap, header, request::Parts};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,20 +53,42 @@ pub async fn read_json<T: DeserializeOwned>(
         .ok()
         .and_then(|share| budget.clone().try_acquire_many_owned(share).ok())
         .ok_or(ApiError::Overloaded)?;
-    let collected = tokio::time::timeout(timeout, Limited::new(body, limit_bytes).collect())
+    let bytes = tokio::time::timeout(timeout, read_bounded(body, limit_bytes))
         .await
-        .map_err(|_| ApiError::BodyTimeout(timeout.as_secs()))?;
-    let bytes = match collected {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => {
-            return Err(ApiError::BodyTooLarge { limit: limit_bytes });
-        }
-        Err(error) => return Err(ApiError::UnreadableBody(error.to_string())),
-    };
+        .map_err(|_| ApiError::BodyTimeout(timeout.as_secs()))??;
     Ok(Decoded {
         value: decode_json(&bytes)?,
         _budget: permit,
     })
+}
+
+/// Bytes read and thrown away after a body passes its limit, so that a client still sending
+/// gets the 413 rather than a broken pipe. Past this the connection is simply closed.
+const MAX_DISCARD_BYTES: usize = 16 << 20;
+
+/// Reads a body of at most `limit_bytes`. An oversized body is read on (and discarded) up to
+/// `MAX_DISCARD_BYTES`, then refused.
+async fn read_bounded(mut body: Body, limit_bytes: usize) -> Result<Bytes, ApiError> {
+    let mut kept = BytesMut::new();
+    let mut discarded = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::UnreadableBody(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if discarded == 0 && kept.len() + data.len() <= limit_bytes {
+            kept.extend_from_slice(&data);
+            continue;
+        }
+        discarded += data.len();
+        if discarded > MAX_DISCARD_BYTES {
+            break;
+        }
+    }
+    if discarded > 0 {
+        return Err(ApiError::BodyTooLarge { limit: limit_bytes });
+    }
+    Ok(kept.freeze())
 }
 
 /// Decodes JSON, telling broken syntax (400 malformed-json) from a well-formed body of the
