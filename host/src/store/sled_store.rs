@@ -1,15 +1,20 @@
-//! The embedded store: one sled tree in a local folder; `sync` is sled's flush followed by an
-//! fdatasync of its data file, because on Linux sled's flush is only `sync_file_range`.
+//! The embedded store: one sled tree in a local folder. `sync` is sled's flush, then an
+//! fdatasync of its data file (on Linux sled's flush is only `sync_file_range`), then an fsync of
+//! any blob file sled wrote since the last sync: sled puts pages over a quarter segment (a leaf
+//! of large payloads, say) in separate blob files and never syncs them.
 
 use super::keys;
 use super::record;
 use super::{Change, KeyRecord, ListPage, ListQuery, LiveEntry, Recovery, Store, StoreError};
 use crate::model::{Event, Priority, State, Task, TaskId};
 use std::collections::HashMap;
+use std::collections::HashSet;
 use std::collections::hash_map::Entry;
+use std::ffi::OsString;
 use std::fs::File;
 use std::ops::Bound;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 #[derive(Clone, Debug)]
 pub struct SledOptions {
@@ -36,6 +41,9 @@ pub struct SledStore {
     db: sled::Db,
     tree: sled::Tree,
     data_file: Option<File>,
+    blobs_dir: PathBuf,
+    /// Blob files already synced; only the flusher calls `sync`, so the lock is uncontended.
+    synced_blobs: Mutex<HashSet<OsString>>,
 }
 
 impl SledStore {
@@ -62,7 +70,44 @@ impl SledStore {
             db,
             tree,
             data_file,
+            blobs_dir: dir.join("blobs"),
+            synced_blobs: Mutex::new(HashSet::new()),
         })
+    }
+
+    /// fsyncs the blob files written since the last call, then their directory.
+    fn sync_new_blobs(&self) -> Result<(), StoreError> {
+        let entries = match std::fs::read_dir(&self.blobs_dir) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(error) => return Err(error.into()),
+        };
+        let mut synced = self.synced_blobs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut present = HashSet::new();
+        let mut new_files = false;
+        for entry in entries {
+            let name = entry?.file_name();
+            if !synced.contains(&name) {
+                // A blob sled has already collected again is simply gone: nothing to sync.
+                match File::open(self.blobs_dir.join(&name)) {
+                    Ok(file) => file.sync_all()?,
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(error) => return Err(error.into()),
+                }
+                new_files = true;
+            }
+            present.insert(name);
+        }
+        if new_files {
+            File::open(&self.blobs_dir)?.sync_all()?;
+        }
+        *synced = present;
+        Ok(())
+    }
+
+    #[cfg(test)]
+    pub(super) fn synced_blob_count(&self) -> usize {
+        self.synced_blobs.lock().map(|s| s.len()).unwrap_or(0)
     }
 
     fn decode_task(bytes: &[u8]) -> Result<Task, StoreError> {
@@ -177,6 +222,7 @@ impl Store for SledStore {
         self.db.flush()?;
         if let Some(file) = &self.data_file {
             file.sync_data()?;
+            self.sync_new_blobs()?;
         }
         Ok(())
     }

@@ -203,3 +203,34 @@ fn recovery_finds_numbering_counts_and_live_tasks_after_reopening() {
     assert_eq!(recovery.live[0].id, last_id);
     assert_ne!(recovery.live[0].id, cancelled_id);
 }
+
+#[test]
+fn pages_too_large_for_the_log_land_in_blob_files_that_sync_covers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut engine = Engine::default();
+    // A 3 MiB payload is past sled's blob threshold of a quarter of an 8 MiB segment.
+    let huge = serde_json::json!({"blob": "z".repeat(3 << 20)});
+    let spec: TaskSpec =
+        serde_json::from_value(serde_json::json!({"kind": "k", "payload": huge.clone()})).unwrap();
+    let limits = Limits {
+        max_payload_bytes: 4 << 20,
+    };
+    let task = create(
+        &mut engine,
+        &store,
+        1,
+        &spec.into_submission(None, &limits).unwrap(),
+    );
+    store.sync().unwrap();
+    let blobs = std::fs::read_dir(dir.path().join("blobs")).unwrap().count();
+    assert!(blobs >= 1, "sled wrote the page as a blob file");
+    assert_eq!(
+        store.synced_blob_count(),
+        blobs,
+        "every blob file was synced"
+    );
+    let read: serde_json::Value =
+        serde_json::from_slice(&store.payload(task.id).unwrap().unwrap()).unwrap();
+    assert_eq!(read, huge);
+}
