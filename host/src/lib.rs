@@ -10,6 +10,7 @@ pub mod client;
 pub mod config;
 pub mod engine;
 pub mod model;
+pub mod policy;
 pub mod scheduler;
 pub mod server;
 pub mod store;

@@ -6,7 +6,7 @@ wit_bindgen::generate!({ world: "merge-policy", path: "../../wit" });
 
 use exports::sluice::policy::merge::{Guest, Hit, Part};
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::{BTreeSet, BinaryHeap};
 
 /// The largest `k` accepted, so one call's output stays bounded.
 pub const MAX_K: u32 = 100_000;
@@ -76,7 +76,9 @@ pub fn merge(k: u32, mut parts: Vec<Part>) -> Result<Vec<Hit>, String> {
         })
         .collect();
     let mut merged = Vec::with_capacity(k as usize);
-    let mut seen = HashSet::new();
+    // A BTreeSet, not a HashSet: std's hasher seeds itself from the host's randomness, which a
+    // policy is never granted.
+    let mut seen = BTreeSet::new();
     while merged.len() < k as usize {
         let Some(Reverse(head)) = heads.pop() else {
             break;

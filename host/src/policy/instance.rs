@@ -1,0 +1,178 @@
+//! Instances of policy components, one type per kind. Each owns its `Store`, arms the call
+//! deadline before every call, and after a fault (trap, deadline, memory cap) drops the store
+//! and instantiates afresh from the `InstancePre`, running `init` again with the same config.
+
+use super::bindings;
+use super::runtime::{Compiled, PolicyError, PolicyRuntime, Sandbox};
+use std::sync::Arc;
+use wasmtime::Store;
+
+/// Generates a policy instance type: construction (instantiate + init) and the fault-handling
+/// `call` wrapper shared by every kind.
+macro_rules! policy_instance {
+    ($name:ident, $module:ident, $pre:ident, $world:ident, $interface:ident) => {
+        pub struct $name {
+            runtime: Arc<PolicyRuntime>,
+            pre: bindings::$module::$pre<Sandbox>,
+            store: Store<Sandbox>,
+            instance: bindings::$module::$world,
+            config: Vec<u8>,
+        }
+
+        impl $name {
+            pub fn new(
+                runtime: Arc<PolicyRuntime>,
+                compiled: &Compiled,
+                config: &[u8],
+            ) -> Result<Self, PolicyError> {
+                let pre = bindings::$module::$pre::new(compiled.pre.clone())
+                    .map_err(|e| PolicyError::WrongWorld(compiled.kind, format!("{e:#}")))?;
+                let (store, instance) = Self::start(&runtime, &pre, config)?;
+                Ok($name {
+                    runtime,
+                    pre,
+                    store,
+                    instance,
+                    config: config.to_vec(),
+                })
+            }
+
+            fn start(
+                runtime: &PolicyRuntime,
+                pre: &bindings::$module::$pre<Sandbox>,
+                config: &[u8],
+            ) -> Result<(Store<Sandbox>, bindings::$module::$world), PolicyError> {
+                let mut store = runtime.store();
+                runtime.arm(&mut store);
+                let instance = pre
+                    .instantiate(&mut store)
+                    .map_err(|e| PolicyError::Fault(format!("{e:#}")))?;
+                runtime.arm(&mut store);
+                instance
+                    .$interface()
+                    .call_init(&mut store, config)
+                    .map_err(|e| PolicyError::Fault(format!("{e:#}")))?
+                    .map_err(PolicyError::Init)?;
+                Ok((store, instance))
+            }
+
+            /// Runs one call under the deadline; a fault replaces the instance before returning.
+            fn call<R>(
+                &mut self,
+                body: impl FnOnce(
+                    &bindings::$module::$world,
+                    &mut Store<Sandbox>,
+                ) -> wasmtime::Result<R>,
+            ) -> Result<R, PolicyError> {
+                self.runtime.arm(&mut self.store);
+                match body(&self.instance, &mut self.store) {
+                    Ok(answer) => Ok(answer),
+                    Err(fault) => {
+                        let (store, instance) =
+                            Self::start(&self.runtime, &self.pre, &self.config)?;
+                        self.store = store;
+                        self.instance = instance;
+                        Err(PolicyError::Fault(format!("{fault:#}")))
+                    }
+                }
+            }
+        }
+    };
+}
+
+policy_instance!(
+    PriorityInstance,
+    priority,
+    PriorityPolicyPre,
+    PriorityPolicy,
+    sluice_policy_priority
+);
+policy_instance!(
+    AgingInstance,
+    aging,
+    AgingPolicyPre,
+    AgingPolicy,
+    sluice_policy_aging
+);
+policy_instance!(
+    RetryInstance,
+    retry,
+    RetryPolicyPre,
+    RetryPolicy,
+    sluice_policy_retry
+);
+policy_instance!(
+    SplitInstance,
+    split,
+    SplitPolicyPre,
+    SplitPolicy,
+    sluice_policy_split
+);
+policy_instance!(
+    MergeInstance,
+    merge,
+    MergePolicyPre,
+    MergePolicy,
+    sluice_policy_merge
+);
+
+use bindings::aging::exports::sluice::policy::aging::Promotion;
+use bindings::merge::exports::sluice::policy::merge::{Hit, Part};
+use bindings::priority::exports::sluice::policy::priority::Admission;
+use bindings::retry::exports::sluice::policy::retry::{Decision, Failure};
+use bindings::split::exports::sluice::policy::split::{SplitRequest, Subtask};
+
+impl PriorityInstance {
+    pub fn bucket_weights(&mut self) -> Result<Vec<u32>, PolicyError> {
+        self.call(|i, store| i.sluice_policy_priority().call_bucket_weights(store))
+    }
+
+    pub fn admit(
+        &mut self,
+        now_ms: u64,
+        tasks: &[bindings::priority::sluice::policy::types::TaskMeta],
+    ) -> Result<Vec<Admission>, PolicyError> {
+        self.call(|i, store| i.sluice_policy_priority().call_admit(store, now_ms, tasks))
+    }
+}
+
+impl AgingInstance {
+    pub fn age(
+        &mut self,
+        now_ms: u64,
+        waiting: &[bindings::aging::sluice::policy::types::TaskView],
+    ) -> Result<Vec<Promotion>, PolicyError> {
+        self.call(|i, store| i.sluice_policy_aging().call_age(store, now_ms, waiting))
+    }
+}
+
+impl RetryInstance {
+    pub fn decide(
+        &mut self,
+        now_ms: u64,
+        failures: &[Failure],
+    ) -> Result<Vec<Decision>, PolicyError> {
+        self.call(|i, store| i.sluice_policy_retry().call_decide(store, now_ms, failures))
+    }
+}
+
+impl SplitInstance {
+    /// The children, or the policy's reason for refusing the split.
+    pub fn split(
+        &mut self,
+        request: &SplitRequest,
+    ) -> Result<Result<Vec<Subtask>, String>, PolicyError> {
+        self.call(|i, store| i.sluice_policy_split().call_split(store, request))
+    }
+}
+
+impl MergeInstance {
+    /// The merged hits, or the policy's reason for refusing the merge.
+    pub fn merge(
+        &mut self,
+        k: u32,
+        parts: &[Part],
+    ) -> Result<Result<Vec<Hit>, String>, PolicyError> {
+        self.call(|i, store| i.sluice_policy_merge().call_merge(store, k, parts))
+    }
+}
