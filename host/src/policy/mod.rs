@@ -11,4 +11,6 @@ pub use instance::{AgingInstance, MergeInstance, PriorityInstance, RetryInstance
 pub use runtime::{Compiled, Kind, PolicyError, PolicyRuntime, RuntimeOptions, Sandbox};
 
 #[cfg(test)]
+mod hostile;
+#[cfg(test)]
 mod tests;

@@ -21,8 +21,8 @@ pub enum Kind {
 pub enum PolicyError {
     #[error("not a valid component: {0}")]
     Compile(String),
-    #[error("imports `{0}`, which policies are not granted")]
-    ForbiddenImport(String),
+    #[error("imports {}, which policies are not granted", .0.join(", "))]
+    ForbiddenImport(Vec<String>),
     #[error("does not export the {0:?} world: {1}")]
     WrongWorld(Kind, String),
     #[error("init refused its config: {0}")]
@@ -124,11 +124,16 @@ impl PolicyRuntime {
     pub fn compile(&self, kind: Kind, bytes: &[u8]) -> Result<Compiled, PolicyError> {
         let component = Component::new(&self.engine, bytes)
             .map_err(|e| PolicyError::Compile(format!("{e:#}")))?;
-        for (name, _) in component.component_type().imports(&self.engine) {
-            tracing::debug!(import = name, ?kind, "checking a policy import");
-            if !ALLOWED_IMPORT_PREFIXES.iter().any(|p| name.starts_with(p)) {
-                return Err(PolicyError::ForbiddenImport(name.to_owned()));
-            }
+        let forbidden: Vec<String> = component
+            .component_type()
+            .imports(&self.engine)
+            .map(|(name, _)| name)
+            .inspect(|name| tracing::debug!(import = name, ?kind, "checking a policy import"))
+            .filter(|name| !ALLOWED_IMPORT_PREFIXES.iter().any(|p| name.starts_with(p)))
+            .map(str::to_owned)
+            .collect();
+        if !forbidden.is_empty() {
+            return Err(PolicyError::ForbiddenImport(forbidden));
         }
         let mut linker = Linker::new(&self.engine);
         linker

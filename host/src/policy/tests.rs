@@ -221,3 +221,89 @@ fn priority_aging_split_and_merge_defaults_answer_through_wasm() {
     let refused = merge.merge(3, &[part(0, &[(1, f32::NAN)])]).unwrap();
     assert!(refused.is_err(), "a NaN distance is refused by the policy");
 }
+
+mod sandbox {
+    use super::super::hostile;
+    use super::*;
+    use bindings::retry::exports::sluice::policy::retry::{Decision, ErrorClass, Failure};
+    use bindings::retry::sluice::policy::types::{Bucket, TaskView};
+    use std::time::{Duration, Instant};
+
+    fn failure() -> Failure {
+        Failure {
+            task: TaskView {
+                seq: 1,
+                tenant: 0,
+                kind: 0,
+                bucket: Bucket::Low,
+                submitted_bucket: Bucket::Low,
+                created_ms: 0,
+                bucket_since_ms: 0,
+                attempt: 1,
+                est_exec_ms: 10,
+            },
+            class: ErrorClass::Transient,
+            max_attempts: 3,
+            random: 7,
+        }
+    }
+
+    /// A misbehaving call faults within its bounds, and the instance serves again afterwards
+    /// (a fresh instance of the same module, which misbehaves again: the host keeps going).
+    fn assert_bounded_fault(feature: &str, within: Duration) {
+        let runtime = runtime();
+        let compiled = runtime
+            .compile(Kind::Retry, &hostile::component(feature))
+            .unwrap();
+        let mut policy = RetryInstance::new(runtime.clone(), &compiled, b"").unwrap();
+        for round in 0..2 {
+            let started = Instant::now();
+            let answer = policy.decide(5, &[failure()]);
+            assert!(
+                matches!(answer, Err(PolicyError::Fault(_))),
+                "{feature} round {round}: {answer:?}"
+            );
+            assert!(
+                started.elapsed() < within,
+                "{feature} took {:?}",
+                started.elapsed()
+            );
+        }
+        // The runtime is unharmed: a well-behaved policy still answers.
+        let good = runtime
+            .compile(Kind::Retry, defaults::RETRY_BACKOFF)
+            .unwrap();
+        let mut good = RetryInstance::new(runtime, &good, b"").unwrap();
+        assert!(matches!(
+            good.decide(5, &[failure()]).unwrap()[0],
+            Decision::RetryAfterMs(_)
+        ));
+    }
+
+    #[test]
+    fn an_endless_loop_is_cut_at_the_deadline() {
+        // The deadline is 10 ms; the bound here only catches a deadline that never fires.
+        assert_bounded_fault("spin", Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_memory_bomb_stops_at_the_memory_cap() {
+        assert_bounded_fault("memory-bomb", Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_trap_is_a_fault_and_the_instance_is_replaced() {
+        assert_bounded_fault("trap", Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_module_that_imports_the_filesystem_is_refused() {
+        let refused = runtime().compile(Kind::Retry, &hostile::component("files"));
+        assert!(
+            matches!(&refused, Err(PolicyError::ForbiddenImport(names))
+                if names.iter().any(|n| n.starts_with("wasi:filesystem/"))),
+            "{:?}",
+            refused.err()
+        );
+    }
+}
