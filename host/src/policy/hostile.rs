@@ -7,13 +7,13 @@ use std::sync::Mutex;
 
 /// Builds the `hostile` policy with `feature` and returns the component's bytes.
 pub fn component(feature: &str) -> Vec<u8> {
-    // One build at a time: they share a target directory.
+    // The build script's target directory already holds the guests' dependencies, so only the
+    // hostile crate compiles. Builds share it, so they take turns, and each result is read
+    // before the next build overwrites it.
     static BUILDING: Mutex<()> = Mutex::new(());
     let _guard = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/Cargo.toml");
-    let target_dir = PathBuf::from(env!("OUT_DIR"))
-        .join("hostile-target")
-        .join(feature);
+    let target_dir = PathBuf::from(env!("OUT_DIR")).join("policies-target");
     let status = Command::new(env!("CARGO"))
         .args([
             "build",

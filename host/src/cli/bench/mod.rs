@@ -1,6 +1,7 @@
 //! `sluice bench`: benchmarks that print figures (tests assert behaviour, never timings).
 
 mod child;
+mod policy;
 mod restart;
 mod submit;
 
@@ -10,11 +11,14 @@ pub enum BenchCommand {
     Submit(submit::SubmitBenchArgs),
     /// Time to reopen a store of N tasks and rebuild the in-memory indexes; disk and memory.
     Restart(restart::RestartBenchArgs),
+    /// Cost per decision of each default policy, WASM against native; compile and swap time.
+    Policy(policy::PolicyBenchArgs),
 }
 
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Submit(args) => submit::run(args).await,
         BenchCommand::Restart(args) => restart::run(args).await,
+        BenchCommand::Policy(args) => policy::run(args).await,
     }
 }
