@@ -7,7 +7,6 @@ wit_bindgen::generate!({ world: "aging-policy", path: "../../wit" });
 
 use exports::sluice::policy::aging::{Guest, Promotion};
 use sluice::policy::types::{Bucket, TaskView};
-use std::sync::Mutex;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
@@ -60,28 +59,19 @@ impl Settings {
     }
 }
 
-static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
-    low_to_normal_ms: 1_800_000,
-    normal_to_urgent_ms: 1_800_000,
-});
+static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
 
 #[allow(dead_code)] // used by `export!` in the wasm32 build only
 struct Component;
 
 impl Guest for Component {
     fn init(config: Vec<u8>) -> Result<(), String> {
-        let parsed = Settings::parse(&config)?;
-        *SETTINGS
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = parsed;
+        SETTINGS.set(Settings::parse(&config)?);
         Ok(())
     }
 
     fn age(now_ms: u64, waiting: Vec<TaskView>) -> Vec<Promotion> {
-        let settings = *SETTINGS
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        settings.age(now_ms, &waiting)
+        SETTINGS.get().age(now_ms, &waiting)
     }
 }
 

@@ -1,8 +1,51 @@
-//! A policy's init config: UTF-8 `name=value` lines (blank lines and `#` comments allowed).
-//! Each policy names the settings it knows; any other name is an error, so a typo fails
-//! `init` instead of silently running with a default.
+//! What every default policy shares: its init config, UTF-8 `name=value` lines (blank lines and
+//! `#` comments allowed), where each policy names the settings it knows and any other name is an
+//! error, so a typo fails `init` instead of silently running with a default; the slot that
+//! keeps the parsed settings between calls; and the bound on a split's children.
 
 use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+
+/// A policy's settings: stored by `init`, read by every call. Each component instance has its
+/// own memory, so a `static` slot belongs to one instance.
+pub struct Slot<T> {
+    value: Mutex<Option<T>>,
+}
+
+impl<T: Clone + Default> Slot<T> {
+    pub const fn new() -> Self {
+        Slot {
+            value: Mutex::new(None),
+        }
+    }
+
+    pub fn set(&self, value: T) {
+        *self.value.lock().unwrap_or_else(PoisonError::into_inner) = Some(value);
+    }
+
+    /// The settings `init` stored, or the defaults before any `init`.
+    pub fn get(&self) -> T {
+        let value = self.value.lock().unwrap_or_else(PoisonError::into_inner);
+        value.clone().unwrap_or_default()
+    }
+}
+
+impl<T: Clone + Default> Default for Slot<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Refuses a split into more children than `max_children`: a split too fine costs more to
+/// schedule than to run (seed 000).
+pub fn check_children(children: u32, max_children: u32, what: &str) -> Result<(), String> {
+    if children > max_children {
+        return Err(format!(
+            "{children} {what} would make more children than the limit of {max_children}"
+        ));
+    }
+    Ok(())
+}
 
 pub struct Config {
     values: BTreeMap<String, String>,
@@ -82,6 +125,21 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slot_gives_defaults_until_set() {
+        static SLOT: Slot<u32> = Slot::new();
+        assert_eq!(SLOT.get(), 0);
+        SLOT.set(7);
+        assert_eq!(SLOT.get(), 7);
+    }
+
+    #[test]
+    fn children_past_the_bound_are_refused() {
+        assert!(check_children(256, 256, "shards").is_ok());
+        let refused = check_children(257, 256, "shards").unwrap_err();
+        assert!(refused.contains("257 shards") && refused.contains("256"));
+    }
 
     #[test]
     fn parses_known_names_and_refuses_the_rest() {

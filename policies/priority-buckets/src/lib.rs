@@ -7,7 +7,6 @@ wit_bindgen::generate!({ world: "priority-policy", path: "../../wit" });
 
 use exports::sluice::policy::priority::{Admission, Guest};
 use sluice::policy::types::TaskMeta;
-use std::sync::Mutex;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
@@ -69,33 +68,23 @@ impl Settings {
     }
 }
 
-static SETTINGS: Mutex<Option<Settings>> = Mutex::new(None);
-
-fn settings() -> Settings {
-    let guard = SETTINGS
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    guard.clone().unwrap_or_default()
-}
+static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
 
 #[allow(dead_code)] // used by `export!` in the wasm32 build only
 struct Component;
 
 impl Guest for Component {
     fn init(config: Vec<u8>) -> Result<(), String> {
-        let parsed = Settings::parse(&config)?;
-        *SETTINGS
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(parsed);
+        SETTINGS.set(Settings::parse(&config)?);
         Ok(())
     }
 
     fn bucket_weights() -> Vec<u32> {
-        settings().weights.to_vec()
+        SETTINGS.get().weights.to_vec()
     }
 
     fn admit(_now_ms: u64, tasks: Vec<TaskMeta>) -> Vec<Admission> {
-        let settings = settings();
+        let settings = SETTINGS.get();
         tasks.iter().map(|task| settings.admit(task)).collect()
     }
 }

@@ -5,7 +5,6 @@
 wit_bindgen::generate!({ world: "retry-policy", path: "../../wit" });
 
 use exports::sluice::policy::retry::{Decision, ErrorClass, Failure, Guest};
-use std::sync::Mutex;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
@@ -71,31 +70,19 @@ impl Settings {
     }
 }
 
-static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
-    initial_delay_ms: 300_000,
-    max_delay_ms: 3_600_000,
-});
-
-fn settings() -> Settings {
-    *SETTINGS
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
 
 #[allow(dead_code)] // used by `export!` in the wasm32 build only
 struct Component;
 
 impl Guest for Component {
     fn init(config: Vec<u8>) -> Result<(), String> {
-        let parsed = Settings::parse(&config)?;
-        *SETTINGS
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = parsed;
+        SETTINGS.set(Settings::parse(&config)?);
         Ok(())
     }
 
     fn decide(_now_ms: u64, failures: Vec<Failure>) -> Vec<Decision> {
-        let settings = settings();
+        let settings = SETTINGS.get();
         failures
             .iter()
             .map(|f| settings.decide(f.class, f.task.attempt, f.max_attempts, f.random))

@@ -5,7 +5,6 @@
 wit_bindgen::generate!({ world: "split-policy", path: "../../wit" });
 
 use exports::sluice::policy::split::{Guest, ShardFilter, SplitRequest, Subtask};
-use std::sync::Mutex;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
@@ -36,12 +35,7 @@ impl Settings {
     }
 
     pub fn split(&self) -> Result<Vec<Subtask>, String> {
-        if self.buckets > self.max_children {
-            return Err(format!(
-                "{} buckets would make more children than the limit of {}",
-                self.buckets, self.max_children
-            ));
-        }
+        policy_config::check_children(self.buckets, self.max_children, "buckets")?;
         Ok((0..self.buckets)
             .map(|bucket| Subtask {
                 filter: ShardFilter::IdHash((bucket, self.buckets)),
@@ -51,28 +45,19 @@ impl Settings {
     }
 }
 
-static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
-    buckets: 1,
-    max_children: 256,
-});
+static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
 
 #[allow(dead_code)] // used by `export!` in the wasm32 build only
 struct Component;
 
 impl Guest for Component {
     fn init(config: Vec<u8>) -> Result<(), String> {
-        let parsed = Settings::parse(&config)?;
-        *SETTINGS
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = parsed;
+        SETTINGS.set(Settings::parse(&config)?);
         Ok(())
     }
 
     fn split(_request: SplitRequest) -> Result<Vec<Subtask>, String> {
-        SETTINGS
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .split()
+        SETTINGS.get().split()
     }
 }
 

@@ -4,7 +4,6 @@
 wit_bindgen::generate!({ world: "split-policy", path: "../../wit" });
 
 use exports::sluice::policy::split::{Guest, ShardFilter, SplitRequest, Subtask};
-use std::sync::Mutex;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
@@ -12,6 +11,17 @@ pub struct Settings {
     pub id_max: u64,
     pub parts: u32,
     pub max_children: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            id_min: 0,
+            id_max: 1,
+            parts: 1,
+            max_children: 256,
+        }
+    }
 }
 
 impl Settings {
@@ -34,12 +44,7 @@ impl Settings {
     }
 
     pub fn split(&self) -> Result<Vec<Subtask>, String> {
-        if self.parts > self.max_children {
-            return Err(format!(
-                "{} parts would make more children than the limit of {}",
-                self.parts, self.max_children
-            ));
-        }
+        policy_config::check_children(self.parts, self.max_children, "parts")?;
         let span = self.id_max - self.id_min;
         let parts = u64::from(self.parts);
         let (size, extra) = (span / parts, span % parts);
@@ -58,32 +63,19 @@ impl Settings {
     }
 }
 
-const UNSET: Settings = Settings {
-    id_min: 0,
-    id_max: 1,
-    parts: 1,
-    max_children: 256,
-};
-
-static SETTINGS: Mutex<Settings> = Mutex::new(UNSET);
+static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
 
 #[allow(dead_code)] // used by `export!` in the wasm32 build only
 struct Component;
 
 impl Guest for Component {
     fn init(config: Vec<u8>) -> Result<(), String> {
-        let parsed = Settings::parse(&config)?;
-        *SETTINGS
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = parsed;
+        SETTINGS.set(Settings::parse(&config)?);
         Ok(())
     }
 
     fn split(_request: SplitRequest) -> Result<Vec<Subtask>, String> {
-        SETTINGS
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .split()
+        SETTINGS.get().split()
     }
 }
 

@@ -5,7 +5,6 @@
 wit_bindgen::generate!({ world: "split-policy", path: "../../wit" });
 
 use exports::sluice::policy::split::{Guest, ShardFilter, SplitRequest, Subtask};
-use std::sync::Mutex;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
@@ -45,12 +44,7 @@ impl Settings {
     }
 
     pub fn split(&self) -> Result<Vec<Subtask>, String> {
-        if self.shards > self.max_children {
-            return Err(format!(
-                "{} shards would make more children than the limit of {}",
-                self.shards, self.max_children
-            ));
-        }
+        policy_config::check_children(self.shards, self.max_children, "shards")?;
         Ok((0..self.shards)
             .map(|shard| Subtask {
                 filter: ShardFilter::Shard(shard),
@@ -60,26 +54,19 @@ impl Settings {
     }
 }
 
-static SETTINGS: Mutex<Option<Settings>> = Mutex::new(None);
+static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
 
 #[allow(dead_code)] // used by `export!` in the wasm32 build only
 struct Component;
 
 impl Guest for Component {
     fn init(config: Vec<u8>) -> Result<(), String> {
-        let parsed = Settings::parse(&config)?;
-        *SETTINGS
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(parsed);
+        SETTINGS.set(Settings::parse(&config)?);
         Ok(())
     }
 
     fn split(_request: SplitRequest) -> Result<Vec<Subtask>, String> {
-        let settings = SETTINGS
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
-        settings.unwrap_or_default().split()
+        SETTINGS.get().split()
     }
 }
 
