@@ -12,7 +12,9 @@ mod queues;
 
 pub use queues::BucketQueues;
 
-use crate::model::{Actor, Event, IdGenerator, IllegalTransition, State, Submission, Task, TaskId};
+use crate::model::{
+    Actor, Admission, Event, IdGenerator, IllegalTransition, State, Submission, Task, TaskId,
+};
 use crate::store::{Change, KeyRecord, NewTask, Recovery, TaskWrite};
 
 /// How a submission's idempotency key relates to what is stored.
@@ -97,6 +99,11 @@ impl Engine {
         self.tasks_by_state[usize::from(state.code())]
     }
 
+    /// The `seq` the next event will get: a number that only grows, for arrival order.
+    pub fn next_event_seq(&self) -> u64 {
+        self.next_event_seq
+    }
+
     pub fn illegal_transitions(&self) -> u64 {
         self.illegal_transitions
     }
@@ -116,9 +123,15 @@ impl Engine {
         }
     }
 
-    /// Plans a new task: created, then admitted to its bucket, as one atomic change with one
-    /// event per step. The task as stored is `change.writes[0].task`.
-    pub fn plan_create(&self, now_ms: u64, random: u128, submission: &Submission) -> Change {
+    /// Plans a new task: created, then admitted as `admission` says, as one atomic change with
+    /// one event per step. The task as stored is `change.writes[0].task`.
+    pub fn plan_create(
+        &self,
+        now_ms: u64,
+        random: u128,
+        submission: &Submission,
+        admission: &Admission,
+    ) -> Change {
         let id = self.ids.clone().next(now_ms, random);
         let spec = &submission.spec;
         let mut task = Task {
@@ -126,7 +139,9 @@ impl Engine {
             key: spec.key.clone(),
             kind: spec.kind.clone(),
             priority: spec.priority,
-            bucket: spec.priority,
+            bucket: admission.bucket,
+            rank: admission.rank,
+            attempt_timeout_ms: admission.attempt_timeout_ms,
             device: spec.device.clone(),
             tenant: spec.tenant.clone(),
             labels: spec.labels.clone(),
@@ -154,7 +169,6 @@ impl Engine {
             None,
         );
         task.state = State::Queued;
-        admit(&mut task);
         let admitted = self.event(
             1,
             id,
@@ -162,7 +176,9 @@ impl Engine {
             State::Queued,
             Actor::scheduler(),
             now_ms,
-            None,
+            admission
+                .policy_version
+                .map(|version| format!("admitted by priority policy v{version}")),
         );
         task.event_seqs = vec![created.seq, admitted.seq];
         let key = spec.key.clone().map(|key| {
@@ -206,9 +222,6 @@ impl Engine {
         let mut after = task.clone();
         after.state = to;
         after.updated_at_ms = now_ms;
-        if to == State::Queued {
-            admit(&mut after);
-        }
         let event = self.event(0, task.id, Some(task.state), to, actor, now_ms, detail);
         after.event_seqs.push(event.seq);
         Ok(Change {
@@ -265,12 +278,6 @@ impl Engine {
             detail,
         }
     }
-}
-
-/// Admission without a priority policy: the bucket is the submitted priority. The policy
-/// runtime replaces this decision.
-fn admit(task: &mut Task) {
-    task.bucket = task.priority;
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ fn submission(kind: &str, priority: Priority, key: Option<&str>) -> Submission {
 }
 
 fn create(engine: &mut Engine, now_ms: u64, random: u128, priority: Priority) -> Task {
-    let change = engine.plan_create(now_ms, random, &submission("k", priority, None));
+    let submitted = submission("k", priority, None);
+    let change = engine.plan_create(now_ms, random, &submitted, &submitted.native_admission(0));
     engine.apply(&change);
     change.writes[0].task.clone()
 }
@@ -21,11 +22,8 @@ fn create(engine: &mut Engine, now_ms: u64, random: u128, priority: Priority) ->
 #[test]
 fn a_new_task_is_created_then_admitted_with_one_event_each() {
     let mut engine = Engine::default();
-    let change = engine.plan_create(
-        1_000,
-        7,
-        &submission("oct.scan", Priority::Low, Some("exam-1")),
-    );
+    let submitted = submission("oct.scan", Priority::Low, Some("exam-1"));
+    let change = engine.plan_create(1_000, 7, &submitted, &submitted.native_admission(0));
     let task = &change.writes[0].task;
     assert_eq!(task.state, State::Queued);
     assert_eq!(task.bucket, Priority::Low);
@@ -50,7 +48,8 @@ fn a_new_task_is_created_then_admitted_with_one_event_each() {
     engine.apply(&change);
     assert_eq!(engine.queues().front(Priority::Low), Some(task.id));
     assert_eq!(engine.tasks_in(State::Queued), 1);
-    let next = engine.plan_create(1_000, 7, &submission("k", Priority::Low, None));
+    let submitted = submission("k", Priority::Low, None);
+    let next = engine.plan_create(1_000, 7, &submitted, &submitted.native_admission(1));
     assert_eq!(next.events[0].seq, 3);
     assert!(next.writes[0].task.id > task.id);
 }
@@ -134,7 +133,8 @@ fn recovery_rebuilds_queues_and_numbering_from_the_index() {
     assert_eq!(engine.queues().front(Priority::Normal), Some(ids[0]));
     assert_eq!(engine.queues().front(Priority::Urgent), Some(ids[2]));
     assert_eq!(engine.queues().total(), 2);
-    let change = engine.plan_create(0, 0, &submission("k", Priority::Low, None));
+    let submitted = submission("k", Priority::Low, None);
+    let change = engine.plan_create(0, 0, &submitted, &submitted.native_admission(0));
     assert_eq!(change.events[0].seq, 42);
     assert!(
         change.writes[0].task.id > ids[3],
@@ -149,10 +149,12 @@ fn the_same_inputs_replay_to_the_same_changes() {
         let mut out = Vec::new();
         for n in 0..50u64 {
             let priority = Priority::ALL[(n % 3) as usize];
+            let submitted = submission("k", priority, None);
             let change = engine.plan_create(
                 1_000 + n / 7,
                 u128::from(n * 7919),
-                &submission("k", priority, None),
+                &submitted,
+                &submitted.native_admission(n),
             );
             engine.apply(&change);
             out.push((change.writes[0].task.id, change.events.clone()));

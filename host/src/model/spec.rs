@@ -241,6 +241,13 @@ fn check_callback_url(text: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+impl Submission {
+    /// The host's own admission of this submission (see `Admission::native`).
+    pub fn native_admission(&self, seq: u64) -> super::Admission {
+        super::Admission::native(self.spec.priority, self.spec.est_exec_ms, seq)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

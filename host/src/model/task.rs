@@ -20,8 +20,14 @@ pub struct Task {
     pub key: Option<String>,
     pub kind: String,
     pub priority: Priority,
-    /// The bucket the task waits in now: its priority, or higher after aging.
+    /// The bucket the task waits in now: as admitted, or higher after aging.
     pub bucket: Priority,
+    /// Its order inside the bucket (lower first), as admitted.
+    #[serde(default)]
+    pub rank: u64,
+    /// How long one attempt may run before it is failed as timed out, as admitted.
+    #[serde(default)]
+    pub attempt_timeout_ms: u64,
     pub device: String,
     pub tenant: String,
     #[serde(default)]
@@ -48,4 +54,29 @@ pub struct Task {
     /// The `seq` of each of its events, oldest first: the index from a task into the log.
     #[serde(default)]
     pub event_seqs: Vec<u64>,
+}
+
+/// Where a task waits and for how long one attempt may run: the priority policy's answer at
+/// admission, an input to the engine like the time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admission {
+    pub bucket: Priority,
+    /// Order inside the bucket, lower first.
+    pub rank: u64,
+    pub attempt_timeout_ms: u64,
+    /// The priority policy version that decided; none when the host's own rule did.
+    pub policy_version: Option<u32>,
+}
+
+impl Admission {
+    /// The host's own rule, for when no policy can answer: the submitted priority's bucket,
+    /// arrival order, and twice the estimate per attempt.
+    pub fn native(priority: Priority, est_exec_ms: u64, seq: u64) -> Admission {
+        Admission {
+            bucket: priority,
+            rank: seq,
+            attempt_timeout_ms: est_exec_ms.saturating_mul(2).max(1),
+            policy_version: None,
+        }
+    }
 }

@@ -6,10 +6,12 @@
 //! them to the deterministic engine. A request is answered only after the flusher's next
 //! `sync` (flush + fdatasync) covers its write, and one `sync` covers every write before it.
 
+mod admission;
 mod clock;
 mod flusher;
 mod writer;
 
+pub use admission::{Admitter, NativeAdmitter};
 pub use clock::{Clock, SystemClock};
 
 use crate::engine::{Engine, Snapshot};
@@ -98,6 +100,7 @@ impl Scheduler {
     pub fn start(
         store: Arc<dyn Store>,
         clock: Box<dyn Clock>,
+        admitter: Arc<dyn Admitter>,
         options: &SchedulerOptions,
     ) -> Result<Scheduler, SchedulerError> {
         let recovery = store.recover()?;
@@ -112,8 +115,14 @@ impl Scheduler {
         let (commands, inbox) = mpsc::channel(options.queue_capacity.max(1));
         let (flush_tx, flush_rx) = std::sync::mpsc::sync_channel(options.queue_capacity.max(1));
         let snapshot = Arc::new(ArcSwap::from_pointee(engine.snapshot()));
-        let mut writer =
-            writer::Writer::new(engine, store.clone(), clock, flush_tx, snapshot.clone());
+        let mut writer = writer::Writer::new(
+            engine,
+            store.clone(),
+            clock,
+            admitter,
+            flush_tx,
+            snapshot.clone(),
+        );
         writer.admit_recovered(&unadmitted)?;
         let flusher_store = store.clone();
         let flusher = std::thread::Builder::new()

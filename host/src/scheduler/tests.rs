@@ -69,6 +69,7 @@ fn start(store: Arc<dyn Store>) -> Scheduler {
     Scheduler::start(
         store,
         Box::new(FixedClock(1_000)),
+        Arc::new(super::NativeAdmitter),
         &SchedulerOptions::default(),
     )
     .unwrap()
@@ -150,11 +151,10 @@ async fn tasks_left_created_are_admitted_at_start() {
     let created_id = {
         let store = SledStore::open(dir.path(), &SledOptions::default()).unwrap();
         // Write a task exactly as a crash between creation and admission would leave it.
-        let mut change = crate::engine::Engine::default().plan_create(
-            500,
-            7,
-            &submission(Some("half-done"), serde_json::json!({"x": 1})),
-        );
+        let submitted = submission(Some("half-done"), serde_json::json!({"x": 1}));
+        let admission = submitted.native_admission(0);
+        let mut change =
+            crate::engine::Engine::default().plan_create(500, 7, &submitted, &admission);
         change.events.truncate(1);
         let task = &mut change.writes[0].task;
         task.state = State::Created;

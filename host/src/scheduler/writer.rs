@@ -4,9 +4,9 @@
 //! the group's answers to the flusher.
 
 use super::flusher::Delivery;
-use super::{Clock, Command, SchedulerError, SubmitResult, Submitted};
+use super::{Admitter, Clock, Command, SchedulerError, SubmitResult, Submitted};
 use crate::engine::{Engine, KeyVerdict, Snapshot, judge_key};
-use crate::model::{Actor, State, Submission, Task, TaskId};
+use crate::model::{Actor, Admission, State, Submission, Task, TaskId, TaskSpec};
 use crate::store::{Change, KeyRecord, Store, StoreError};
 use arc_swap::ArcSwap;
 use rand::rngs::SmallRng;
@@ -55,6 +55,7 @@ pub(crate) struct Writer {
     engine: Engine,
     store: Arc<dyn Store>,
     clock: Box<dyn Clock>,
+    admitter: Arc<dyn Admitter>,
     random: SmallRng,
     flusher: SyncSender<Delivery>,
     snapshot: Arc<ArcSwap<Snapshot>>,
@@ -65,6 +66,7 @@ impl Writer {
         engine: Engine,
         store: Arc<dyn Store>,
         clock: Box<dyn Clock>,
+        admitter: Arc<dyn Admitter>,
         flusher: SyncSender<Delivery>,
         snapshot: Arc<ArcSwap<Snapshot>>,
     ) -> Self {
@@ -72,6 +74,7 @@ impl Writer {
             engine,
             store,
             clock,
+            admitter,
             random: SmallRng::from_os_rng(),
             flusher,
             snapshot,
@@ -103,9 +106,22 @@ impl Writer {
     fn handle(&mut self, command: Command, group: &mut Group) -> bool {
         match command {
             Command::Submit { submissions, reply } => {
+                // One policy call for the whole command; a replayed submission's admission
+                // is simply not used.
+                let specs: Vec<&TaskSpec> = submissions.iter().map(|s| &s.spec).collect();
+                let admissions =
+                    self.admitter
+                        .admit(self.clock.now_ms(), self.engine.next_event_seq(), &specs);
                 let results: Vec<SubmitResult> = submissions
                     .into_iter()
-                    .map(|submission| self.submit(submission, group))
+                    .enumerate()
+                    .map(|(i, submission)| {
+                        let admission = admissions.get(i).copied().unwrap_or_else(|| {
+                            let spec = &submission.spec;
+                            Admission::native(spec.priority, spec.est_exec_ms, 0)
+                        });
+                        self.submit(submission, &admission, group)
+                    })
                     .collect();
                 group.answer(reply, results);
                 true
@@ -179,7 +195,12 @@ impl Writer {
         Ok(())
     }
 
-    fn submit(&mut self, submission: Submission, group: &mut Group) -> SubmitResult {
+    fn submit(
+        &mut self,
+        submission: Submission,
+        admission: &Admission,
+        group: &mut Group,
+    ) -> SubmitResult {
         let existing = match &submission.spec.key {
             Some(key) => match group.keys.get(key) {
                 Some(record) => Some(*record),
@@ -198,9 +219,9 @@ impl Writer {
             }),
             KeyVerdict::New => {
                 let now_ms = self.clock.now_ms();
-                let change = self
-                    .engine
-                    .plan_create(now_ms, self.random.random(), &submission);
+                let change =
+                    self.engine
+                        .plan_create(now_ms, self.random.random(), &submission, admission);
                 Ok(Submitted {
                     task: self.plan(change, group),
                     replayed: false,

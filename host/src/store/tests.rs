@@ -23,7 +23,8 @@ fn submission(
 
 /// Creates a task through the engine, commits it alone, and returns it.
 fn create(engine: &mut Engine, store: &SledStore, now_ms: u64, submission: &Submission) -> Task {
-    let change = engine.plan_create(now_ms, u128::from(now_ms), submission);
+    let admission = submission.native_admission(0);
+    let change = engine.plan_create(now_ms, u128::from(now_ms), submission, &admission);
     engine.apply(&change);
     store.commit(&change).unwrap();
     change.writes[0].task.clone()
