@@ -1,7 +1,9 @@
-//! The task model: identifiers, priorities, the state machine table, task records, events and submissions.
+//! The task model: identifiers, priorities, the state machine table, task records, events and
+//! submissions; and the records of policy versions.
 
 mod event;
 mod id;
+mod policy;
 mod priority;
 mod spec;
 mod state;
@@ -9,7 +11,10 @@ mod task;
 
 pub use event::{Actor, Event};
 pub use id::{IdError, IdGenerator, TaskId};
+pub use policy::{
+    BUILTIN_VERSION, PolicyAction, PolicyEvent, PolicyKind, PolicyVersion, UnknownKind,
+};
 pub use priority::Priority;
 pub use spec::{Limits, Resources, Submission, TaskSpec, ValidationError};
 pub use state::{IllegalTransition, State};
-pub use task::{Task, TaskError};
+pub use task::{Admission, Task, TaskError};

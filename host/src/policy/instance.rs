@@ -3,14 +3,14 @@
 //! and instantiates afresh from the `InstancePre`, running `init` again with the same config.
 
 use super::bindings;
-use super::runtime::{Compiled, PolicyError, PolicyRuntime, Sandbox};
+use super::runtime::{Compiled, Kind, PolicyError, PolicyRuntime, Sandbox};
 use std::sync::Arc;
 use wasmtime::Store;
 
 /// Generates a policy instance type: construction (instantiate + init) and the fault-handling
 /// `call` wrapper shared by every kind.
 macro_rules! policy_instance {
-    ($name:ident, $module:ident, $pre:ident, $world:ident, $interface:ident) => {
+    ($name:ident, $kind:ident, $module:ident, $pre:ident, $world:ident, $interface:ident) => {
         pub struct $name {
             runtime: Arc<PolicyRuntime>,
             pre: bindings::$module::$pre<Sandbox>,
@@ -77,11 +77,35 @@ macro_rules! policy_instance {
                 }
             }
         }
+
+        impl Policy for $name {
+            const KIND: Kind = Kind::$kind;
+
+            fn instantiate(
+                runtime: Arc<PolicyRuntime>,
+                compiled: &Compiled,
+                config: &[u8],
+            ) -> Result<Self, PolicyError> {
+                $name::new(runtime, compiled, config)
+            }
+        }
     };
+}
+
+/// An instance of one kind's world: what the registry pools, swaps and falls back between.
+pub trait Policy: Sized + Send + 'static {
+    const KIND: Kind;
+
+    fn instantiate(
+        runtime: Arc<PolicyRuntime>,
+        compiled: &Compiled,
+        config: &[u8],
+    ) -> Result<Self, PolicyError>;
 }
 
 policy_instance!(
     PriorityInstance,
+    Priority,
     priority,
     PriorityPolicyPre,
     PriorityPolicy,
@@ -89,6 +113,7 @@ policy_instance!(
 );
 policy_instance!(
     AgingInstance,
+    Aging,
     aging,
     AgingPolicyPre,
     AgingPolicy,
@@ -96,6 +121,7 @@ policy_instance!(
 );
 policy_instance!(
     RetryInstance,
+    Retry,
     retry,
     RetryPolicyPre,
     RetryPolicy,
@@ -103,6 +129,7 @@ policy_instance!(
 );
 policy_instance!(
     SplitInstance,
+    Split,
     split,
     SplitPolicyPre,
     SplitPolicy,
@@ -110,6 +137,7 @@ policy_instance!(
 );
 policy_instance!(
     MergeInstance,
+    Merge,
     merge,
     MergePolicyPre,
     MergePolicy,

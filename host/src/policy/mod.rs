@@ -1,16 +1,33 @@
 //! The policy runtime: scheduling decisions made by WebAssembly components of the worlds in
 //! `wit/policy.wit`, compiled once, each instance in its own `Store` with a memory cap and a
-//! deadline per call, so a bad module can neither take the host down nor slow it without bound.
+//! deadline per call, so a bad module can neither take the host down nor slow it without bound;
+//! and the registry that validates, stores, activates and rolls back versions of them.
 
+mod admission;
 pub mod bindings;
+pub mod checks;
+mod conformance;
 pub mod defaults;
 mod instance;
+mod registry;
 mod runtime;
+mod slot;
 
-pub use instance::{AgingInstance, MergeInstance, PriorityInstance, RetryInstance, SplitInstance};
+pub use admission::{PolicyAdmitter, name_code};
+pub use conformance::Conformance;
+pub use instance::{
+    AgingInstance, MergeInstance, Policy, PriorityInstance, RetryInstance, SplitInstance,
+};
+pub use registry::{
+    Check, KindDetail, KindStatus, MAX_CONFIG_BYTES, PolicyRegistry, RegistryError,
+    RegistryOptions, Uploaded, sha256_hex,
+};
 pub use runtime::{Compiled, Kind, PolicyError, PolicyRuntime, RuntimeOptions, Sandbox};
+pub use slot::{Decided, FaultLimit, SlotCounters};
 
 #[cfg(test)]
 mod hostile;
+#[cfg(test)]
+mod registry_tests;
 #[cfg(test)]
 mod tests;

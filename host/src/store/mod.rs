@@ -8,12 +8,13 @@
 //! index entry cost well over twice as much.
 
 mod keys;
+mod policy_catalog;
 mod record;
 mod sled_store;
 
 pub use sled_store::{SledOptions, SledStore};
 
-use crate::model::{Event, Priority, State, Task, TaskId};
+use crate::model::{Event, PolicyEvent, PolicyKind, PolicyVersion, Priority, State, Task, TaskId};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -133,6 +134,35 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Option<Vec<Event>>, StoreError>;
     fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError>;
     fn recover(&self) -> Result<Recovery, StoreError>;
+}
+
+/// The policy registry's records: uploaded components by content hash, their versions, each
+/// kind's activation stack, the policy log, and a cache of compiled code. Every write except
+/// the cache is atomic and durable when it returns.
+pub trait PolicyCatalog: Send + Sync + 'static {
+    fn versions(&self, kind: PolicyKind) -> Result<Vec<PolicyVersion>, StoreError>;
+    fn module(&self, sha256: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Stores a new version, its component (once per hash) and its `Uploaded` event.
+    fn add_version(
+        &self,
+        version: &PolicyVersion,
+        module: &[u8],
+        event: PolicyEvent,
+    ) -> Result<PolicyEvent, StoreError>;
+    /// The versions activated in turn, the active one last; empty means the built-in one.
+    fn stack(&self, kind: PolicyKind) -> Result<Vec<u32>, StoreError>;
+    /// Replaces a kind's stack and logs why, as one write. The event's `seq` is assigned here.
+    fn set_stack(
+        &self,
+        kind: PolicyKind,
+        stack: &[u32],
+        event: PolicyEvent,
+    ) -> Result<PolicyEvent, StoreError>;
+    /// The newest `limit` events of a kind, oldest first.
+    fn events(&self, kind: PolicyKind, limit: usize) -> Result<Vec<PolicyEvent>, StoreError>;
+    /// Compiled code cached under `cache_key`; a cache, so losing it costs only a recompile.
+    fn compiled(&self, cache_key: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    fn put_compiled(&self, cache_key: &str, code: &[u8]) -> Result<(), StoreError>;
 }
 
 #[cfg(test)]

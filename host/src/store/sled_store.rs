@@ -36,13 +36,16 @@ impl Default for SledOptions {
 /// syncs. 8 MiB segments keep pages holding a 1 MiB payload inside the synced log.
 const SEGMENT_SIZE_BYTES: usize = 8 << 20;
 const TREE_NAME: &str = "tasks";
+const POLICY_TREE_NAME: &str = "policies";
 
 pub struct SledStore {
     db: sled::Db,
     tree: sled::Tree,
+    pub(super) policies: sled::Tree,
     data_file: Option<File>,
     blobs_dir: PathBuf,
-    /// Blob files already synced; only the flusher calls `sync`, so the lock is uncontended.
+    /// Blob files already synced. The flusher calls `sync`, and the policy registry now and
+    /// then, so the lock is rarely contended.
     synced_blobs: Mutex<HashSet<OsString>>,
 }
 
@@ -61,6 +64,7 @@ impl SledStore {
             .open()
             .map_err(open_error)?;
         let tree = db.open_tree(TREE_NAME)?;
+        let policies = db.open_tree(POLICY_TREE_NAME)?;
         let data_file = if options.fdatasync {
             Some(File::open(dir.join("db"))?)
         } else {
@@ -69,6 +73,7 @@ impl SledStore {
         Ok(SledStore {
             db,
             tree,
+            policies,
             data_file,
             blobs_dir: dir.join("blobs"),
             synced_blobs: Mutex::new(HashSet::new()),
@@ -132,7 +137,7 @@ impl SledStore {
     }
 }
 
-fn corrupt(what: &'static str, detail: impl ToString) -> StoreError {
+pub(super) fn corrupt(what: &'static str, detail: impl ToString) -> StoreError {
     StoreError::Corrupt {
         what,
         detail: detail.to_string(),

@@ -1,10 +1,15 @@
 //! Misbehaving retry policies, for the host's sandbox tests only. Built once per feature:
 //! `spin` never returns, `memory-bomb` allocates without end, `trap` panics, `files` reads a
-//! file (and so imports `wasi:filesystem`, which the host must refuse).
+//! file (and so imports `wasi:filesystem`, which the host must refuse). `late-trap` and
+//! `late-nonsense` pass conformance and misbehave only for a task whose `seq` is
+//! `LATE_SEQ`: the first panics, the second asks for a delay past the host's bound.
 
 wit_bindgen::generate!({ world: "retry-policy", path: "../../wit" });
 
-use exports::sluice::policy::retry::{Decision, Failure, Guest};
+use exports::sluice::policy::retry::{Decision, ErrorClass, Failure, Guest};
+
+/// The task `seq` the `late-*` policies misbehave on.
+pub const LATE_SEQ: u64 = 424_242;
 
 #[allow(dead_code)] // used by `export!` in the wasm32 build only
 struct Component;
@@ -40,10 +45,27 @@ impl Guest for Component {
         {
             panic!("a policy that panics at {now_ms}");
         }
+        #[cfg(feature = "late-trap")]
+        if failures.iter().any(|f| f.task.seq == LATE_SEQ) {
+            panic!("a policy that panics late");
+        }
         #[allow(unreachable_code)]
         failures
             .iter()
-            .map(|_| Decision::RetryAfterMs(now_ms % 1000))
+            .map(|failure| {
+                let spent = failure.task.attempt >= failure.max_attempts;
+                let hopeless = matches!(
+                    failure.class,
+                    ErrorClass::Permanent | ErrorClass::InvalidInput
+                );
+                if spent || hopeless {
+                    Decision::Dead("no retry".into())
+                } else if cfg!(feature = "late-nonsense") && failure.task.seq == LATE_SEQ {
+                    Decision::RetryAfterMs(48 * 3_600_000)
+                } else {
+                    Decision::RetryAfterMs(1000 + now_ms % 1000)
+                }
+            })
             .collect()
     }
 }

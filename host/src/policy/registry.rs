@@ -1,0 +1,628 @@
+//! The policy registry: validates uploaded components, stores them as versions, and activates,
+//! rolls back and restores them, one kind's chain of versions at a time. Decisions go through
+//! it (`admit`, `age`, `retry`, `split`, `merge`) and never wait for its lock.
+
+use super::bindings::{aging, merge, priority, retry, split};
+use super::checks;
+use super::conformance::Conformance;
+use super::defaults;
+use super::instance::{
+    AgingInstance, MergeInstance, Policy, PriorityInstance, RetryInstance, SplitInstance,
+};
+use super::runtime::{Kind, PolicyError, PolicyRuntime};
+use super::slot::{Chain, Decided, FaultLimit, Loaded, Slot, SlotCounters};
+use crate::model::{BUILTIN_VERSION, PolicyAction, PolicyEvent, PolicyVersion};
+use crate::store::{PolicyCatalog, StoreError};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// Versions one kind may hold; past it, uploads are refused.
+pub const MAX_VERSIONS_PER_KIND: usize = 1000;
+/// Activations remembered per kind, for rollback.
+const MAX_STACK: usize = 32;
+/// Versions in a chain: the active one, its stand-ins, and the built-in one.
+const MAX_CHAIN: usize = 3;
+/// The longest config a version may carry.
+pub const MAX_CONFIG_BYTES: usize = 64 * 1024;
+/// Policy events shown per kind.
+const EVENTS_SHOWN: usize = 100;
+
+/// Which validation step refused an upload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Check {
+    Compile,
+    Imports,
+    World,
+    Config,
+    Init,
+    Conformance,
+}
+
+impl std::fmt::Display for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        f.write_str(&name)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("the component failed the {check} check: {detail}")]
+    Refused { check: Check, detail: String },
+    #[error("the {kind} policy has no version {version}")]
+    UnknownVersion { kind: Kind, version: u32 },
+    #[error("the {0} policy has no earlier activation to roll back to")]
+    NothingToRollBack(Kind),
+    #[error("the {kind} policy already has {MAX_VERSIONS_PER_KIND} versions")]
+    TooManyVersions { kind: Kind },
+    #[error("the built-in {kind} policy cannot start with its config: {source}")]
+    Builtin { kind: Kind, source: PolicyError },
+    #[error("the {kind} policy version {version} cannot be loaded: {source}")]
+    Load {
+        kind: Kind,
+        version: u32,
+        source: PolicyError,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn refused(error: PolicyError, during: Check) -> RegistryError {
+    let check = match &error {
+        PolicyError::Compile(_) => Check::Compile,
+        PolicyError::ForbiddenImport(_) => Check::Imports,
+        PolicyError::WrongWorld(..) => Check::World,
+        _ => during,
+    };
+    RegistryError::Refused {
+        check,
+        detail: error.to_string(),
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct RegistryOptions {
+    /// The server's config of each kind (`name=value` lines): the built-in version's, and
+    /// that of any upload that brings none of its own.
+    pub configs: BTreeMap<Kind, String>,
+    pub fault_limit: FaultLimit,
+}
+
+/// An upload's outcome: the version, and whether it is new (not the same bytes and config
+/// as an existing version).
+#[derive(Clone, Debug, Serialize)]
+pub struct Uploaded {
+    #[serde(flatten)]
+    pub version: PolicyVersion,
+    pub created: bool,
+}
+
+/// A kind as `GET /v1/policies` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct KindStatus {
+    pub kind: Kind,
+    pub active_version: u32,
+    pub sha256: String,
+    pub config: String,
+    /// The versions that stand in when the active one faults, in order.
+    pub fallback_versions: Vec<u32>,
+    #[serde(flatten)]
+    pub counters: SlotCounters,
+}
+
+/// A kind in full, as `GET /v1/policies/{kind}` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct KindDetail {
+    #[serde(flatten)]
+    pub status: KindStatus,
+    /// Versions activated in turn, the active one last; empty means the built-in one.
+    pub activations: Vec<u32>,
+    pub versions: Vec<PolicyVersion>,
+    pub events: Vec<PolicyEvent>,
+}
+
+/// The built-in component and config of a kind: version 0.
+struct Builtin {
+    bytes: &'static [u8],
+    sha256: String,
+    config: String,
+}
+
+pub struct PolicyRegistry {
+    runtime: Arc<PolicyRuntime>,
+    catalog: Arc<dyn PolicyCatalog>,
+    options: RegistryOptions,
+    mutations: Arc<Mutex<()>>,
+    builtins: BTreeMap<Kind, Builtin>,
+    priority: Slot<PriorityInstance>,
+    aging: Slot<AgingInstance>,
+    retry: Slot<RetryInstance>,
+    split: Slot<SplitInstance>,
+    merge: Slot<MergeInstance>,
+}
+
+/// Runs `$body` with `$slot` bound to the slot of `$kind`.
+macro_rules! on_slot {
+    ($registry:expr, $kind:expr, $slot:ident => $body:expr) => {
+        match $kind {
+            Kind::Priority => {
+                let $slot = &$registry.priority;
+                $body
+            }
+            Kind::Aging => {
+                let $slot = &$registry.aging;
+                $body
+            }
+            Kind::Retry => {
+                let $slot = &$registry.retry;
+                $body
+            }
+            Kind::Split => {
+                let $slot = &$registry.split;
+                $body
+            }
+            Kind::Merge => {
+                let $slot = &$registry.merge;
+                $body
+            }
+        }
+    };
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn builtin_bytes(kind: Kind) -> &'static [u8] {
+    match kind {
+        Kind::Priority => defaults::PRIORITY_BUCKETS,
+        Kind::Aging => defaults::AGING_THRESHOLD,
+        Kind::Retry => defaults::RETRY_BACKOFF,
+        Kind::Split => defaults::SPLIT_SHARDS,
+        Kind::Merge => defaults::MERGE_TOPK,
+    }
+}
+
+impl PolicyRegistry {
+    /// Loads the built-in version of every kind with the server's config (refusing to start
+    /// when a config is bad), then each kind's activated versions as the catalog holds them.
+    pub fn open(
+        runtime: Arc<PolicyRuntime>,
+        catalog: Arc<dyn PolicyCatalog>,
+        options: RegistryOptions,
+    ) -> Result<PolicyRegistry, RegistryError> {
+        let builtins: BTreeMap<Kind, Builtin> = Kind::ALL
+            .into_iter()
+            .map(|kind| {
+                let bytes = builtin_bytes(kind);
+                let builtin = Builtin {
+                    bytes,
+                    sha256: sha256_hex(bytes),
+                    config: options.configs.get(&kind).cloned().unwrap_or_default(),
+                };
+                (kind, builtin)
+            })
+            .collect();
+        let mutations = Arc::new(Mutex::new(()));
+        // The chains are filled in below; until then each slot holds only its built-in version.
+        let context = OpenContext {
+            runtime: &runtime,
+            catalog: &catalog,
+            builtins: &builtins,
+            limit: options.fault_limit,
+            mutations: &mutations,
+        };
+        let registry = PolicyRegistry {
+            priority: context.slot()?,
+            aging: context.slot()?,
+            retry: context.slot()?,
+            split: context.slot()?,
+            merge: context.slot()?,
+            runtime,
+            catalog,
+            options,
+            mutations,
+            builtins,
+        };
+        for kind in Kind::ALL {
+            let stack = registry.catalog.stack(kind)?;
+            on_slot!(registry, kind, slot => registry.install_stack(slot, &stack, true))?;
+        }
+        Ok(registry)
+    }
+
+    pub fn runtime(&self) -> &Arc<PolicyRuntime> {
+        &self.runtime
+    }
+
+    /// Validates `bytes` as a component of `kind` and stores it as the next version. `config`
+    /// defaults to the server's config of the kind. The active version is untouched.
+    pub fn upload(
+        &self,
+        kind: Kind,
+        bytes: &[u8],
+        config: Option<String>,
+        now_ms: u64,
+    ) -> Result<Uploaded, RegistryError> {
+        let config = config.unwrap_or_else(|| self.builtins[&kind].config.clone());
+        if config.len() > MAX_CONFIG_BYTES {
+            return Err(RegistryError::Refused {
+                check: Check::Config,
+                detail: format!("the config is over {MAX_CONFIG_BYTES} bytes"),
+            });
+        }
+        let sha256 = sha256_hex(bytes);
+        let _turn = self.mutations.lock().unwrap_or_else(|p| p.into_inner());
+        let versions = self.catalog.versions(kind)?;
+        if let Some(existing) = versions
+            .iter()
+            .find(|v| v.sha256 == sha256 && v.config == config)
+        {
+            return Ok(Uploaded {
+                version: existing.clone(),
+                created: false,
+            });
+        }
+        if versions.len() >= MAX_VERSIONS_PER_KIND {
+            return Err(RegistryError::TooManyVersions { kind });
+        }
+        let compiled = self
+            .runtime
+            .compile_cached(kind, bytes, &sha256, self.catalog.as_ref())
+            .map_err(|e| refused(e, Check::Compile))?;
+        on_slot!(self, kind, slot => self.validate(slot, &compiled, &config))?;
+        let version = PolicyVersion {
+            kind,
+            version: versions.iter().map(|v| v.version).max().unwrap_or(0) + 1,
+            sha256,
+            config,
+            size_bytes: bytes.len() as u64,
+            uploaded_at_ms: now_ms,
+        };
+        let event = PolicyEvent {
+            seq: 0,
+            kind,
+            action: PolicyAction::Uploaded,
+            version: version.version,
+            from: None,
+            at_ms: now_ms,
+            reason: None,
+        };
+        self.catalog.add_version(&version, bytes, event)?;
+        tracing::info!(%kind, version = version.version, sha256 = %version.sha256, "policy version stored");
+        Ok(Uploaded {
+            version,
+            created: true,
+        })
+    }
+
+    /// Init with the config, then the kind's conformance cases, on a fresh instance.
+    fn validate<P: Policy + Conformance>(
+        &self,
+        _slot: &Slot<P>,
+        compiled: &super::Compiled,
+        config: &str,
+    ) -> Result<(), RegistryError> {
+        let mut instance = P::instantiate(self.runtime.clone(), compiled, config.as_bytes())
+            .map_err(|e| refused(e, Check::Init))?;
+        instance
+            .conformance()
+            .map_err(|detail| RegistryError::Refused {
+                check: Check::Conformance,
+                detail,
+            })
+    }
+
+    /// Makes `version` the active one of `kind` (0: the built-in one). Decisions under way
+    /// finish on the version they started with; the next ones use `version`.
+    pub fn activate(
+        &self,
+        kind: Kind,
+        version: u32,
+        now_ms: u64,
+    ) -> Result<KindStatus, RegistryError> {
+        let _turn = self.mutations.lock().unwrap_or_else(|p| p.into_inner());
+        let mut stack = self.catalog.stack(kind)?;
+        let current = stack.last().copied().unwrap_or(BUILTIN_VERSION);
+        if version != current {
+            if version != BUILTIN_VERSION && self.version(kind, version)?.is_none() {
+                return Err(RegistryError::UnknownVersion { kind, version });
+            }
+            stack.push(version);
+            if stack.len() > MAX_STACK {
+                stack.remove(0);
+            }
+            on_slot!(self, kind, slot => self.install_stack(slot, &stack, false))?;
+            self.catalog.set_stack(
+                kind,
+                &stack,
+                PolicyEvent {
+                    seq: 0,
+                    kind,
+                    action: PolicyAction::Activated,
+                    version,
+                    from: Some(current),
+                    at_ms: now_ms,
+                    reason: None,
+                },
+            )?;
+            tracing::info!(%kind, version, from = current, "policy activated");
+        }
+        Ok(self.status(kind))
+    }
+
+    /// Restores the version active before the current one.
+    pub fn rollback(&self, kind: Kind, now_ms: u64) -> Result<KindStatus, RegistryError> {
+        let _turn = self.mutations.lock().unwrap_or_else(|p| p.into_inner());
+        let mut stack = self.catalog.stack(kind)?;
+        let Some(current) = stack.pop() else {
+            return Err(RegistryError::NothingToRollBack(kind));
+        };
+        let restored = stack.last().copied().unwrap_or(BUILTIN_VERSION);
+        on_slot!(self, kind, slot => self.install_stack(slot, &stack, false))?;
+        self.catalog.set_stack(
+            kind,
+            &stack,
+            PolicyEvent {
+                seq: 0,
+                kind,
+                action: PolicyAction::RolledBack,
+                version: restored,
+                from: Some(current),
+                at_ms: now_ms,
+                reason: None,
+            },
+        )?;
+        tracing::info!(%kind, version = restored, from = current, "policy rolled back");
+        Ok(self.status(kind))
+    }
+
+    fn version(&self, kind: Kind, version: u32) -> Result<Option<PolicyVersion>, RegistryError> {
+        Ok(self
+            .catalog
+            .versions(kind)?
+            .into_iter()
+            .find(|v| v.version == version))
+    }
+
+    /// Builds and installs the chain for `stack`: its newest distinct versions, then the
+    /// built-in one. Versions already loaded are reused with their instances. The active
+    /// version must load; a stand-in that does not is left out (and logged), or, at start
+    /// (`lenient`), so is an active one, so that a bad record cannot stop the server.
+    fn install_stack<P: Policy>(
+        &self,
+        slot: &Slot<P>,
+        stack: &[u32],
+        lenient: bool,
+    ) -> Result<(), RegistryError> {
+        let current = slot.chain();
+        let builtin = current
+            .links
+            .last()
+            .cloned()
+            .ok_or_else(|| StoreError::Corrupt {
+                what: "policy chain",
+                detail: "empty".into(),
+            })?;
+        let mut links: Vec<Arc<Loaded<P>>> = Vec::new();
+        for (depth, &version) in stack.iter().rev().enumerate() {
+            if links.len() + 1 >= MAX_CHAIN || version == BUILTIN_VERSION {
+                break;
+            }
+            if links.iter().any(|l| l.version == version) {
+                continue;
+            }
+            let reused = current.links.iter().find(|l| l.version == version).cloned();
+            let loaded = match reused {
+                Some(loaded) => Ok(loaded),
+                None => self.load::<P>(version).map(Arc::new),
+            };
+            match loaded {
+                Ok(loaded) => links.push(loaded),
+                Err(error) if depth > 0 || lenient => {
+                    tracing::error!(%error, kind = %P::KIND, version, "policy version left out of its chain");
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        links.push(builtin);
+        slot.install(Chain { links });
+        Ok(())
+    }
+
+    fn load<P: Policy>(&self, version: u32) -> Result<Loaded<P>, RegistryError> {
+        let kind = P::KIND;
+        let load_error = |source| RegistryError::Load {
+            kind,
+            version,
+            source,
+        };
+        let record = self
+            .version(kind, version)?
+            .ok_or(RegistryError::UnknownVersion { kind, version })?;
+        let bytes = self
+            .catalog
+            .module(&record.sha256)?
+            .ok_or_else(|| load_error(PolicyError::Runtime("its component is missing".into())))?;
+        let compiled = self
+            .runtime
+            .compile_cached(kind, &bytes, &record.sha256, self.catalog.as_ref())
+            .map_err(load_error)?;
+        Loaded::new(
+            self.runtime.clone(),
+            version,
+            record.sha256,
+            record.config.into_bytes(),
+            Arc::new(compiled),
+        )
+        .map_err(load_error)
+    }
+
+    pub fn status(&self, kind: Kind) -> KindStatus {
+        on_slot!(self, kind, slot => status_of(slot))
+    }
+
+    pub fn list(&self) -> Vec<KindStatus> {
+        Kind::ALL
+            .into_iter()
+            .map(|kind| self.status(kind))
+            .collect()
+    }
+
+    pub fn detail(&self, kind: Kind) -> Result<KindDetail, RegistryError> {
+        Ok(KindDetail {
+            status: self.status(kind),
+            activations: self.catalog.stack(kind)?,
+            versions: self.catalog.versions(kind)?,
+            events: self.catalog.events(kind, EVENTS_SHOWN)?,
+        })
+    }
+
+    /// The built-in component of `kind`, as embedded in this binary.
+    pub fn builtin_component(&self, kind: Kind) -> &'static [u8] {
+        self.builtins[&kind].bytes
+    }
+
+    pub fn options(&self) -> &RegistryOptions {
+        &self.options
+    }
+
+    // ---- decisions ----
+
+    pub fn bucket_weights(&self, now_ms: u64) -> Result<Decided<Vec<u32>>, PolicyError> {
+        self.priority.decide(
+            now_ms,
+            |p| p.bucket_weights(),
+            |w| checks::bucket_weights(w),
+        )
+    }
+
+    pub fn admit(
+        &self,
+        now_ms: u64,
+        tasks: &[priority::sluice::policy::types::TaskMeta],
+    ) -> Result<Decided<Vec<priority::exports::sluice::policy::priority::Admission>>, PolicyError>
+    {
+        self.priority.decide(
+            now_ms,
+            |p| p.admit(now_ms, tasks),
+            |a| checks::admissions(tasks.len(), a),
+        )
+    }
+
+    pub fn age(
+        &self,
+        now_ms: u64,
+        waiting: &[aging::sluice::policy::types::TaskView],
+    ) -> Result<Decided<Vec<aging::exports::sluice::policy::aging::Promotion>>, PolicyError> {
+        self.aging.decide(
+            now_ms,
+            |p| p.age(now_ms, waiting),
+            |promotions| checks::promotions(waiting, promotions),
+        )
+    }
+
+    pub fn retry(
+        &self,
+        now_ms: u64,
+        failures: &[retry::exports::sluice::policy::retry::Failure],
+    ) -> Result<Decided<Vec<retry::exports::sluice::policy::retry::Decision>>, PolicyError> {
+        self.retry.decide(
+            now_ms,
+            |p| p.decide(now_ms, failures),
+            |decisions| checks::decisions(failures, decisions),
+        )
+    }
+
+    pub fn split(
+        &self,
+        now_ms: u64,
+        request: &split::exports::sluice::policy::split::SplitRequest,
+    ) -> Result<
+        Decided<Result<Vec<split::exports::sluice::policy::split::Subtask>, String>>,
+        PolicyError,
+    > {
+        self.split
+            .decide(now_ms, |p| p.split(request), checks::subtasks)
+    }
+
+    pub fn merge(
+        &self,
+        now_ms: u64,
+        k: u32,
+        parts: &[merge::exports::sluice::policy::merge::Part],
+    ) -> Result<Decided<Result<Vec<merge::exports::sluice::policy::merge::Hit>, String>>, PolicyError>
+    {
+        self.merge.decide(
+            now_ms,
+            |p| p.merge(k, parts),
+            |answer| checks::merged(k, parts, answer),
+        )
+    }
+}
+
+fn status_of<P: Policy>(slot: &Slot<P>) -> KindStatus {
+    let chain = slot.chain();
+    let active = chain.active();
+    KindStatus {
+        kind: P::KIND,
+        active_version: active.version,
+        sha256: active.sha256.clone(),
+        config: String::from_utf8_lossy(&active.config).into_owned(),
+        fallback_versions: chain.links[1..].iter().map(|l| l.version).collect(),
+        counters: slot.counters(),
+    }
+}
+
+/// What building the slots at start needs.
+struct OpenContext<'a> {
+    runtime: &'a Arc<PolicyRuntime>,
+    catalog: &'a Arc<dyn PolicyCatalog>,
+    builtins: &'a BTreeMap<Kind, Builtin>,
+    limit: FaultLimit,
+    mutations: &'a Arc<Mutex<()>>,
+}
+
+impl OpenContext<'_> {
+    /// A slot holding only the built-in version, which must init and pass conformance with
+    /// the server's config.
+    fn slot<P: Policy + Conformance>(&self) -> Result<Slot<P>, RegistryError> {
+        let kind = P::KIND;
+        let builtin = &self.builtins[&kind];
+        let error = |source| RegistryError::Builtin { kind, source };
+        let compiled = self
+            .runtime
+            .compile_cached(kind, builtin.bytes, &builtin.sha256, self.catalog.as_ref())
+            .map_err(error)?;
+        let loaded = Loaded::<P>::new(
+            self.runtime.clone(),
+            BUILTIN_VERSION,
+            builtin.sha256.clone(),
+            builtin.config.clone().into_bytes(),
+            Arc::new(compiled),
+        )
+        .map_err(error)?;
+        loaded
+            .instance()
+            .map_err(error)?
+            .conformance()
+            .map_err(|detail| error(PolicyError::Conformance(detail)))?;
+        Ok(Slot::new(
+            Chain {
+                links: vec![Arc::new(loaded)],
+            },
+            self.limit,
+            self.catalog.clone(),
+            self.mutations.clone(),
+        ))
+    }
+}
