@@ -101,6 +101,51 @@ impl Client {
         Self::decode(&url, response).await
     }
 
+    /// Uploads a policy component of `kind` (priority, aging, retry, split, merge) with an
+    /// optional config (`name=value` lines).
+    pub async fn upload_policy(
+        &self,
+        kind: &str,
+        component: Vec<u8>,
+        config: Option<&str>,
+    ) -> Result<Value, ClientError> {
+        let url = format!("{}/v1/policies/{kind}", self.base);
+        let mut request = self
+            .http
+            .put(&url)
+            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+            .body(component);
+        if let Some(config) = config {
+            request = request.query(&[("config", config)]);
+        }
+        let response = self.send(&url, request).await?;
+        Self::decode(&url, response).await
+    }
+
+    pub async fn activate_policy(&self, kind: &str, version: u32) -> Result<Value, ClientError> {
+        let url = format!("{}/v1/policies/{kind}/activate", self.base);
+        let request = self
+            .http
+            .post(&url)
+            .json(&serde_json::json!({ "version": version }));
+        let response = self.send(&url, request).await?;
+        Self::decode(&url, response).await
+    }
+
+    pub async fn rollback_policy(&self, kind: &str) -> Result<Value, ClientError> {
+        let url = format!("{}/v1/policies/{kind}/rollback", self.base);
+        let response = self.send(&url, self.http.post(&url)).await?;
+        Self::decode(&url, response).await
+    }
+
+    /// Every kind with its active version, or one kind in full.
+    pub async fn policies(&self, kind: Option<&str>) -> Result<Value, ClientError> {
+        match kind {
+            Some(kind) => self.get_json(&format!("/v1/policies/{kind}"), &[]).await,
+            None => self.get_json("/v1/policies", &[]).await,
+        }
+    }
+
     async fn get_json(&self, path: &str, query: &[(&str, String)]) -> Result<Value, ClientError> {
         let url = format!("{}{path}", self.base);
         let response = self.send(&url, self.http.get(&url).query(query)).await?;

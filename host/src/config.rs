@@ -1,7 +1,9 @@
 //! Server configuration: defaults, overridden by a TOML file, by `SLUICE_*` environment
 //! variables, then by command-line flags (clap reads the last two).
 
+use crate::model::PolicyKind;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -33,6 +35,15 @@ pub struct ServeConfig {
     pub queue_capacity: usize,
     pub cache_capacity_bytes: u64,
     pub fdatasync: bool,
+    /// Each policy kind's settings, as the `name=value` lines its component's `init` takes.
+    pub policy_configs: BTreeMap<PolicyKind, String>,
+    pub policy_memory_limit_bytes: usize,
+    pub policy_call_fuel: u64,
+    /// A policy version is deactivated after this many faults within the window.
+    pub policy_max_faults: u32,
+    pub policy_fault_window_ms: u64,
+    /// The largest policy component an upload may carry.
+    pub max_policy_bytes: usize,
 }
 
 impl Default for ServeConfig {
@@ -46,6 +57,12 @@ impl Default for ServeConfig {
             queue_capacity: 4096,
             cache_capacity_bytes: 512 * 1024 * 1024,
             fdatasync: true,
+            policy_configs: BTreeMap::new(),
+            policy_memory_limit_bytes: 16 * 1024 * 1024,
+            policy_call_fuel: 50_000_000,
+            policy_max_faults: 5,
+            policy_fault_window_ms: 60_000,
+            max_policy_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -62,6 +79,15 @@ pub struct FileConfig {
     pub queue_capacity: Option<usize>,
     pub cache_capacity_bytes: Option<u64>,
     pub fdatasync: Option<bool>,
+    pub policy_memory_limit_bytes: Option<usize>,
+    pub policy_call_fuel: Option<u64>,
+    pub policy_max_faults: Option<u32>,
+    pub policy_fault_window_ms: Option<u64>,
+    pub max_policy_bytes: Option<usize>,
+    /// `[policies.<kind>]` tables: each policy's settings, e.g.
+    /// `[policies.retry] initial_delay_ms = 300000`.
+    #[serde(default)]
+    pub policies: BTreeMap<String, toml::Table>,
 }
 
 impl FileConfig {
@@ -84,12 +110,25 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub max_payload_bytes: Option<usize>,
     pub fdatasync: Option<bool>,
+    /// `kind.name=value` settings of policies; each overrides the same setting in the file.
+    pub policy_settings: Vec<String>,
 }
 
 impl ServeConfig {
     pub fn resolve(file: FileConfig, overrides: Overrides) -> Result<ServeConfig, ConfigError> {
         let defaults = ServeConfig::default();
+        let policy_configs = policy_configs(&file.policies, &overrides.policy_settings)?;
         let config = ServeConfig {
+            policy_configs,
+            policy_memory_limit_bytes: file
+                .policy_memory_limit_bytes
+                .unwrap_or(defaults.policy_memory_limit_bytes),
+            policy_call_fuel: file.policy_call_fuel.unwrap_or(defaults.policy_call_fuel),
+            policy_max_faults: file.policy_max_faults.unwrap_or(defaults.policy_max_faults),
+            policy_fault_window_ms: file
+                .policy_fault_window_ms
+                .unwrap_or(defaults.policy_fault_window_ms),
+            max_policy_bytes: file.max_policy_bytes.unwrap_or(defaults.max_policy_bytes),
             data_dir: overrides
                 .data_dir
                 .or(file.data_dir)
@@ -144,8 +183,98 @@ impl ServeConfig {
         if self.cache_capacity_bytes < 1024 * 1024 {
             return Err(invalid("cache_capacity_bytes", "must be at least 1 MiB"));
         }
+        if !(1 << 20..=1 << 30).contains(&self.policy_memory_limit_bytes) {
+            return Err(invalid(
+                "policy_memory_limit_bytes",
+                "must be 1 MiB to 1 GiB",
+            ));
+        }
+        if !(1_000..=10_000_000_000).contains(&self.policy_call_fuel) {
+            return Err(invalid("policy_call_fuel", "must be 1000 to 10000000000"));
+        }
+        if !(1..=1000).contains(&self.policy_max_faults) {
+            return Err(invalid("policy_max_faults", "must be 1 to 1000"));
+        }
+        if !(1..=86_400_000).contains(&self.policy_fault_window_ms) {
+            return Err(invalid("policy_fault_window_ms", "must be 1 ms to 24 h"));
+        }
+        if !(1024..=256 << 20).contains(&self.max_policy_bytes) {
+            return Err(invalid("max_policy_bytes", "must be 1 KiB to 256 MiB"));
+        }
         Ok(())
     }
+}
+
+/// Merges the file's `[policies.<kind>]` tables with `kind.name=value` settings from the
+/// command line into one `name=value` text per kind.
+fn policy_configs(
+    tables: &BTreeMap<String, toml::Table>,
+    settings: &[String],
+) -> Result<BTreeMap<PolicyKind, String>, ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid {
+        name: "policies",
+        reason,
+    };
+    let mut merged: BTreeMap<PolicyKind, BTreeMap<String, String>> = BTreeMap::new();
+    for (kind, table) in tables {
+        let kind: PolicyKind = kind.parse().map_err(|e| invalid(format!("{e}")))?;
+        for (name, value) in table {
+            let text = match value {
+                toml::Value::String(text) => text.clone(),
+                toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => {
+                    value.to_string()
+                }
+                toml::Value::Array(items) => items
+                    .iter()
+                    .map(|item| match item {
+                        toml::Value::String(text) => text.clone(),
+                        other => other.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(","),
+                _ => {
+                    return Err(invalid(format!(
+                        "[policies.{kind}] {name}: use a string, number, boolean or list"
+                    )));
+                }
+            };
+            merged.entry(kind).or_default().insert(name.clone(), text);
+        }
+    }
+    for setting in settings {
+        let parsed = setting.split_once('=').and_then(|(path, value)| {
+            let (kind, name) = path.split_once('.')?;
+            Some((kind, name, value))
+        });
+        let Some((kind, name, value)) = parsed else {
+            return Err(invalid(format!(
+                "`{setting}` is not kind.name=value (e.g. retry.initial_delay_ms=100)"
+            )));
+        };
+        let kind: PolicyKind = kind.parse().map_err(|e| invalid(format!("{e}")))?;
+        merged
+            .entry(kind)
+            .or_default()
+            .insert(name.to_owned(), value.to_owned());
+    }
+    let mut configs = BTreeMap::new();
+    for (kind, settings) in merged {
+        let mut text = String::new();
+        for (name, value) in settings {
+            let bad = |c: char| c == '\n' || c == '\r';
+            if name.is_empty() || name.contains('=') || name.contains(bad) || value.contains(bad) {
+                return Err(invalid(format!(
+                    "{kind}.{name}: names must be non-empty without `=`; neither may span lines"
+                )));
+            }
+            text.push_str(&name);
+            text.push('=');
+            text.push_str(&value);
+            text.push('\n');
+        }
+        configs.insert(kind, text);
+    }
+    Ok(configs)
 }
 
 #[cfg(test)]
@@ -166,6 +295,39 @@ mod tests {
         assert_eq!(config.listen, "0.0.0.0:9000".parse().unwrap());
         assert_eq!(config.queue_capacity, 10);
         assert_eq!(config.max_payload_bytes, 1024 * 1024);
+    }
+
+    #[test]
+    fn policy_tables_and_flags_become_init_configs() {
+        let file: FileConfig = toml::from_str(
+            "[policies.retry]\ninitial_delay_ms = 300000\nmax_delay_ms = 1000000\n\n[policies.priority]\nweights = [70, 25, 5]\n",
+        )
+        .unwrap();
+        let overrides = Overrides {
+            policy_settings: vec!["retry.initial_delay_ms=100".into()],
+            ..Overrides::default()
+        };
+        let config = ServeConfig::resolve(file, overrides).unwrap();
+        assert_eq!(
+            config.policy_configs[&PolicyKind::Retry],
+            "initial_delay_ms=100\nmax_delay_ms=1000000\n"
+        );
+        assert_eq!(
+            config.policy_configs[&PolicyKind::Priority],
+            "weights=70,25,5\n"
+        );
+        for bad in ["retry", "nope.x=1", "retry.=1", "retry.a=b\nc=d"] {
+            let overrides = Overrides {
+                policy_settings: vec![bad.into()],
+                ..Overrides::default()
+            };
+            assert!(
+                ServeConfig::resolve(FileConfig::default(), overrides).is_err(),
+                "{bad}"
+            );
+        }
+        let file: FileConfig = toml::from_str("[policies.sorting]\nx = 1").unwrap();
+        assert!(ServeConfig::resolve(file, Overrides::default()).is_err());
     }
 
     #[test]

@@ -1,9 +1,14 @@
-//! The server as a library: open the store, start the scheduler, serve HTTP until told to stop.
+//! The server as a library: open the store, load the policies, start the scheduler, serve HTTP
+//! until told to stop.
 //! Binaries and tests call `Server::open` then `run` with a listener they bound (port 0 works).
 
 use crate::api::{self, ApiLimits, AppState};
 use crate::config::ServeConfig;
 use crate::model::Limits;
+use crate::policy::{
+    FaultLimit, PolicyAdmitter, PolicyError, PolicyRegistry, PolicyRuntime, RegistryError,
+    RegistryOptions, RuntimeOptions,
+};
 use crate::scheduler::{Scheduler, SchedulerError, SchedulerOptions, SystemClock};
 use crate::store::{SledOptions, SledStore, StoreError};
 use std::future::Future;
@@ -17,6 +22,10 @@ pub enum ServerError {
     Store(#[from] StoreError),
     #[error("cannot start the scheduler: {0}")]
     Scheduler(#[from] SchedulerError),
+    #[error("cannot start the policy runtime: {0}")]
+    PolicyRuntime(#[from] PolicyError),
+    #[error(transparent)]
+    Policy(#[from] RegistryError),
     #[error("HTTP server failure: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -36,9 +45,26 @@ impl Server {
                 fdatasync: config.fdatasync,
             },
         )?;
+        let store = Arc::new(store);
+        let runtime = Arc::new(PolicyRuntime::new(RuntimeOptions {
+            memory_limit_bytes: config.policy_memory_limit_bytes,
+            call_fuel: config.policy_call_fuel,
+        })?);
+        let policies = Arc::new(PolicyRegistry::open(
+            runtime,
+            store.clone(),
+            RegistryOptions {
+                configs: config.policy_configs.clone(),
+                fault_limit: FaultLimit {
+                    max_faults: config.policy_max_faults,
+                    window_ms: config.policy_fault_window_ms,
+                },
+            },
+        )?);
         let scheduler = Scheduler::start(
-            Arc::new(store),
+            store,
             Box::new(SystemClock),
+            Arc::new(PolicyAdmitter(policies.clone())),
             &SchedulerOptions {
                 queue_capacity: config.queue_capacity,
             },
@@ -49,9 +75,10 @@ impl Server {
             },
             config.max_batch_body_bytes,
             config.inflight_body_bytes,
+            config.max_policy_bytes,
         );
         Ok(Server {
-            state: AppState::new(Arc::new(scheduler), limits),
+            state: AppState::new(Arc::new(scheduler), policies, limits),
         })
     }
 

@@ -184,3 +184,50 @@ pub fn assert_problem(answer: &Answer, status: u16, problem_type: &str) {
     assert_eq!(answer.body["status"], status);
     assert!(answer.body["title"].is_string() && answer.body["detail"].is_string());
 }
+
+/// A policy component built from `policies/`: `package` with `feature` (the hostile ones),
+/// for wasm32-wasip2, in a target directory of its own that later runs reuse. Builds take
+/// turns, and each result is read before the next build can overwrite it.
+pub fn policy_component(package: &str, feature: Option<&str>) -> Vec<u8> {
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target_dir = root.join("target/policies-tests");
+    let mut build = Command::new(env!("CARGO"));
+    build
+        .args(["build", "--release", "--quiet", "--target", "wasm32-wasip2"])
+        .args(["-p", package, "--manifest-path"])
+        .arg(root.join("policies/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS");
+    if let Some(feature) = feature {
+        build.args(["--features", feature]);
+    }
+    let status = build.status().expect("run cargo to build a policy");
+    assert!(
+        status.success(),
+        "building the policy {package} {feature:?} failed"
+    );
+    let file = format!("wasm32-wasip2/release/{}.wasm", package.replace('-', "_"));
+    std::fs::read(target_dir.join(file)).expect("the built component")
+}
+
+/// PUTs `bytes` as a component of `kind`, with `config` (name=value lines) if given.
+pub async fn put_policy(
+    client: &reqwest::Client,
+    server: &Server,
+    kind: &str,
+    bytes: Vec<u8>,
+    config: Option<&str>,
+) -> Answer {
+    let mut request = client
+        .put(server.endpoint(&format!("/v1/policies/{kind}")))
+        .header("content-type", "application/wasm")
+        .body(bytes);
+    if let Some(config) = config {
+        request = request.query(&[("config", config)]);
+    }
+    answer(request.send().await.expect("PUT")).await
+}

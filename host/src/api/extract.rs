@@ -30,18 +30,36 @@ pub async fn read_json<T: DeserializeOwned>(
     timeout: Duration,
     budget: &Arc<Semaphore>,
 ) -> Result<Decoded<T>, ApiError> {
-    let is_json = headers
+    let is_json = media_type(headers)
+        .map(|v| v == "application/json" || v.ends_with("+json"))
+        .unwrap_or(false);
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType("application/json"));
+    }
+    let bytes = read_body(headers, body, limit_bytes, timeout, budget).await?;
+    Ok(Decoded {
+        value: decode_json(&bytes.value)?,
+        _budget: bytes._budget,
+    })
+}
+
+/// The request's media type, lower-cased, without parameters.
+pub fn media_type(headers: &HeaderMap) -> Option<String> {
+    headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
-        .map(|v| {
-            let v = v.trim();
-            v.eq_ignore_ascii_case("application/json") || v.to_ascii_lowercase().ends_with("+json")
-        })
-        .unwrap_or(false);
-    if !is_json {
-        return Err(ApiError::UnsupportedMediaType);
-    }
+        .map(|v| v.trim().to_ascii_lowercase())
+}
+
+/// Reads at most `limit_bytes` within `timeout`, with its share of `budget` (see `read_json`).
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit_bytes: usize,
+    timeout: Duration,
+    budget: &Arc<Semaphore>,
+) -> Result<Decoded<Bytes>, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -57,14 +75,16 @@ pub async fn read_json<T: DeserializeOwned>(
         .await
         .map_err(|_| ApiError::BodyTimeout(timeout.as_secs()))??;
     Ok(Decoded {
-        value: decode_json(&bytes)?,
+        value: bytes,
         _budget: permit,
     })
 }
 
 /// Bytes read and thrown away after a body passes its limit, so that a client still sending
-/// gets the 413 rather than a broken pipe. Past this the connection is simply closed.
-const MAX_DISCARD_BYTES: usize = 16 << 20;
+/// gets the 413 rather than a broken pipe (a 50 MiB upload against a 16 MiB limit, say). It
+/// costs no memory, and the body timeout bounds its time. Past this the connection is simply
+/// closed.
+const MAX_DISCARD_BYTES: usize = 64 << 20;
 
 /// Reads a body of at most `limit_bytes`. An oversized body is read on (and discarded) up to
 /// `MAX_DISCARD_BYTES`, then refused.
@@ -104,6 +124,20 @@ pub fn decode_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 pub fn decode_query<T: DeserializeOwned>(query: Option<&str>) -> Result<T, ApiError> {
     serde_urlencoded::from_str(query.unwrap_or(""))
         .map_err(|error| ApiError::InvalidQuery(error.to_string()))
+}
+
+/// The `{kind}` of a policy route.
+pub struct KindPath(pub crate::model::PolicyKind);
+
+impl<S: Send + Sync> FromRequestParts<S> for KindPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(text) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| ApiError::InvalidRequest(rejection.body_text()))?;
+        Ok(KindPath(text.parse()?))
+    }
 }
 
 /// The `{id}` of a task route.

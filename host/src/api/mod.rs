@@ -1,6 +1,7 @@
 //! The HTTP API: every route under one router, so later layers (auth, rate limits) wrap them all.
 
 mod extract;
+mod policies;
 mod problem;
 mod tasks;
 
@@ -8,11 +9,12 @@ pub use problem::{ApiError, PROBLEM_JSON, Problem};
 pub use tasks::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAY, MAX_BATCH_TASKS};
 
 use crate::model::Limits;
+use crate::policy::PolicyRegistry;
 use crate::scheduler::Scheduler;
 use axum::Router;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -32,10 +34,17 @@ pub struct ApiLimits {
     pub body_timeout: Duration,
     /// Request bodies held in memory at once, across all requests, in bytes.
     pub inflight_body_bytes: usize,
+    /// The largest policy component an upload may carry.
+    pub policy_body_bytes: usize,
 }
 
 impl ApiLimits {
-    pub fn new(task: Limits, batch_body_bytes: usize, inflight_body_bytes: usize) -> Self {
+    pub fn new(
+        task: Limits,
+        batch_body_bytes: usize,
+        inflight_body_bytes: usize,
+        policy_body_bytes: usize,
+    ) -> Self {
         let body_bytes = task.max_payload_bytes + 64 * 1024;
         ApiLimits {
             task,
@@ -43,6 +52,7 @@ impl ApiLimits {
             batch_body_bytes,
             body_timeout: Duration::from_secs(30),
             inflight_body_bytes,
+            policy_body_bytes,
         }
     }
 }
@@ -50,13 +60,18 @@ impl ApiLimits {
 #[derive(Clone)]
 pub struct AppState {
     pub scheduler: Arc<Scheduler>,
+    pub policies: Arc<PolicyRegistry>,
     pub limits: Arc<ApiLimits>,
     pub draining: Arc<AtomicBool>,
     pub body_budget: Arc<Semaphore>,
 }
 
 impl AppState {
-    pub fn new(scheduler: Arc<Scheduler>, limits: ApiLimits) -> Self {
+    pub fn new(
+        scheduler: Arc<Scheduler>,
+        policies: Arc<PolicyRegistry>,
+        limits: ApiLimits,
+    ) -> Self {
         // Semaphore permits are u32 and capped by tokio; the budget is clamped to fit.
         let permits = limits
             .inflight_body_bytes
@@ -64,6 +79,7 @@ impl AppState {
             .min(u32::MAX as usize);
         AppState {
             scheduler,
+            policies,
             limits: Arc::new(limits),
             draining: Arc::new(AtomicBool::new(false)),
             body_budget: Arc::new(Semaphore::new(permits)),
@@ -89,6 +105,13 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks/{id}", get(tasks::get))
         .route("/v1/tasks/{id}/events", get(tasks::events))
         .route("/v1/tasks/{id}/cancel", post(tasks::cancel))
+        .route("/v1/policies", get(policies::list))
+        .route(
+            "/v1/policies/{kind}",
+            put(policies::upload).get(policies::detail),
+        )
+        .route("/v1/policies/{kind}/activate", post(policies::activate))
+        .route("/v1/policies/{kind}/rollback", post(policies::rollback))
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

@@ -1,7 +1,8 @@
 //! The one place where errors become HTTP answers: RFC 9457 `application/problem+json` bodies
 //! with a stable `type` per kind of error.
 
-use crate::model::{IdError, TaskId, ValidationError};
+use crate::model::{IdError, TaskId, UnknownKind, ValidationError};
+use crate::policy::{Check, RegistryError};
 use crate::scheduler::SchedulerError;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -23,8 +24,8 @@ pub enum ApiError {
     BodyTooLarge { limit: usize },
     #[error("a batch holds at most {max} tasks; this one has {count}")]
     BatchTooLarge { count: usize, max: usize },
-    #[error("send the body as application/json")]
-    UnsupportedMediaType,
+    #[error("send the body as {0}")]
+    UnsupportedMediaType(&'static str),
     #[error("the body did not arrive within {0} s")]
     BodyTimeout(u64),
     #[error("the body could not be read: {0}")]
@@ -49,6 +50,14 @@ pub enum ApiError {
     Overloaded,
     #[error("the server is draining for shutdown; retry against another replica or later")]
     Draining,
+    #[error(transparent)]
+    PolicyKindNotFound(#[from] UnknownKind),
+    #[error("{0}")]
+    PolicyVersionNotFound(String),
+    #[error("the component failed the {check} check: {detail}")]
+    PolicyRefused { check: Check, detail: String },
+    #[error("{0}")]
+    PolicyConflict(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -63,6 +72,9 @@ pub struct Problem {
     pub detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_id: Option<TaskId>,
+    /// Which validation step refused a policy upload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check: Option<Check>,
 }
 
 impl ApiError {
@@ -95,7 +107,7 @@ impl ApiError {
                 "batch-too-large",
                 "Batch too large",
             ),
-            UnsupportedMediaType => (
+            UnsupportedMediaType(_) => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported-media-type",
                 "Unsupported media type",
@@ -131,6 +143,22 @@ impl ApiError {
             ),
             Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded", "Overloaded"),
             Draining => (StatusCode::SERVICE_UNAVAILABLE, "draining", "Draining"),
+            PolicyKindNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "policy-kind-not-found",
+                "Policy kind not found",
+            ),
+            PolicyVersionNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "policy-version-not-found",
+                "Policy version not found",
+            ),
+            PolicyRefused { .. } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "policy-refused",
+                "Policy refused",
+            ),
+            PolicyConflict(_) => (StatusCode::CONFLICT, "policy-conflict", "Policy conflict"),
             Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -156,6 +184,10 @@ impl ApiError {
             status: status.as_u16(),
             detail: self.to_string(),
             task_id,
+            check: match self {
+                ApiError::PolicyRefused { check, .. } => Some(*check),
+                _ => None,
+            },
         }
     }
 
@@ -190,6 +222,24 @@ impl From<SchedulerError> for ApiError {
                 ApiError::InvalidTransition(illegal.to_string())
             }
             SchedulerError::Store(error) => ApiError::Internal(error.to_string()),
+        }
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(error: RegistryError) -> Self {
+        match error {
+            RegistryError::Refused { check, detail } => ApiError::PolicyRefused { check, detail },
+            unknown @ RegistryError::UnknownVersion { .. } => {
+                ApiError::PolicyVersionNotFound(unknown.to_string())
+            }
+            conflict @ (RegistryError::NothingToRollBack(_)
+            | RegistryError::TooManyVersions { .. }) => {
+                ApiError::PolicyConflict(conflict.to_string())
+            }
+            other @ (RegistryError::Builtin { .. }
+            | RegistryError::Load { .. }
+            | RegistryError::Store(_)) => ApiError::Internal(other.to_string()),
         }
     }
 }

@@ -2,6 +2,7 @@
 
 mod bench;
 mod logging;
+mod policy;
 mod serve;
 mod tasks;
 
@@ -33,6 +34,11 @@ enum Command {
         #[command(subcommand)]
         command: tasks::TaskCommand,
     },
+    /// Upload, activate, roll back and list policy components.
+    Policy {
+        #[command(subcommand)]
+        command: policy::PolicyCommand,
+    },
     /// Measure throughput and latency; prints figures.
     Bench {
         #[command(subcommand)]
@@ -61,6 +67,7 @@ pub fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::Submit(args) => tasks::submit(args).await,
             Command::Task { command } => tasks::run(command).await,
+            Command::Policy { command } => policy::run(command).await,
             Command::Bench { command } => bench::run(command).await,
         }
     });

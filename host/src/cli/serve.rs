@@ -24,6 +24,10 @@ pub struct ServeArgs {
     /// fdatasync after each group flush so acknowledged tasks survive power loss [default: true]
     #[arg(long, env = "SLUICE_FDATASYNC")]
     fdatasync: Option<bool>,
+    /// A policy setting, kind.name=value (e.g. retry.initial_delay_ms=100); repeatable.
+    /// Overrides the same setting in the file's [policies.<kind>] table.
+    #[arg(long = "policy-config")]
+    policy_settings: Vec<String>,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -36,6 +40,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         listen: args.listen,
         max_payload_bytes: args.max_payload_bytes,
         fdatasync: args.fdatasync,
+        policy_settings: args.policy_settings,
     };
     let config = ServeConfig::resolve(file, overrides)?;
     let data_dir = config.data_dir.display().to_string();

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 pub struct ServerArg {
     /// The Sluice server.
     #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7700")]
-    server: String,
+    pub server: String,
 }
 
 #[derive(clap::Args)]

@@ -1,0 +1,149 @@
+//! Policy routes: upload a component as a new version, activate a version, roll back, and
+//! read each kind's active version, history and counters.
+
+use super::AppState;
+use super::extract::{Decoded, KindPath, decode_query, media_type, read_body, read_json};
+use super::problem::ApiError;
+use crate::model::PolicyKind;
+use crate::policy::{KindStatus, MAX_CONFIG_BYTES, PolicyRegistry};
+use crate::scheduler::{Clock, SystemClock};
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State as Shared};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use std::sync::Arc;
+
+/// Media types an upload may declare: a component is WebAssembly bytes.
+const COMPONENT_MEDIA_TYPES: [&str; 2] = ["application/wasm", "application/octet-stream"];
+
+/// Runs registry work (compiling, instantiating, syncing) off the async threads.
+async fn blocking<T: Send + 'static>(
+    registry: &Arc<PolicyRegistry>,
+    work: impl FnOnce(&PolicyRegistry, u64) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let registry = registry.clone();
+    tokio::task::spawn_blocking(move || work(&registry, SystemClock.now_ms()))
+        .await
+        .map_err(|e| ApiError::Internal(format!("policy work stopped: {e}")))?
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UploadQuery {
+    /// `name=value` lines for the component's `init`; without it, the server's config.
+    config: Option<String>,
+}
+
+pub async fn upload(
+    Shared(state): Shared<AppState>,
+    Path(kind): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    state.refuse_if_draining()?;
+    // The body is read before anything else is judged: refusing while the client is still
+    // sending would reach it as a broken connection rather than as the answer.
+    let limits = &state.limits;
+    let Decoded {
+        value: bytes,
+        _budget,
+    } = read_body(
+        &headers,
+        body,
+        limits.policy_body_bytes,
+        limits.body_timeout,
+        &state.body_budget,
+    )
+    .await?;
+    let kind: PolicyKind = kind.parse()?;
+    let query: UploadQuery = decode_query(query.as_deref())?;
+    if query
+        .config
+        .as_ref()
+        .is_some_and(|c| c.len() > MAX_CONFIG_BYTES)
+    {
+        return Err(ApiError::InvalidQuery(format!(
+            "config is over {MAX_CONFIG_BYTES} bytes"
+        )));
+    }
+    let is_component =
+        media_type(&headers).is_some_and(|media| COMPONENT_MEDIA_TYPES.contains(&media.as_str()));
+    if !is_component {
+        return Err(ApiError::UnsupportedMediaType("application/wasm"));
+    }
+    let uploaded = blocking(&state.policies, move |registry, now_ms| {
+        Ok(registry.upload(kind, &bytes, query.config, now_ms)?)
+    })
+    .await?;
+    let status = if uploaded.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let location = format!("/v1/policies/{kind}");
+    let mut response = (status, Json(uploaded)).into_response();
+    if let Ok(location) = HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActivateRequest {
+    version: u32,
+}
+
+pub async fn activate(
+    Shared(state): Shared<AppState>,
+    KindPath(kind): KindPath,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<KindStatus>, ApiError> {
+    state.refuse_if_draining()?;
+    let limits = &state.limits;
+    let request: Decoded<ActivateRequest> = read_json(
+        &headers,
+        body,
+        4096,
+        limits.body_timeout,
+        &state.body_budget,
+    )
+    .await?;
+    let version = request.value.version;
+    let status = blocking(&state.policies, move |registry, now_ms| {
+        Ok(registry.activate(kind, version, now_ms)?)
+    })
+    .await?;
+    Ok(Json(status))
+}
+
+pub async fn rollback(
+    Shared(state): Shared<AppState>,
+    KindPath(kind): KindPath,
+) -> Result<Json<KindStatus>, ApiError> {
+    state.refuse_if_draining()?;
+    let status = blocking(&state.policies, move |registry, now_ms| {
+        Ok(registry.rollback(kind, now_ms)?)
+    })
+    .await?;
+    Ok(Json(status))
+}
+
+pub async fn list(Shared(state): Shared<AppState>) -> Response {
+    Json(serde_json::json!({ "policies": state.policies.list() })).into_response()
+}
+
+pub async fn detail(
+    Shared(state): Shared<AppState>,
+    KindPath(kind): KindPath,
+) -> Result<Response, ApiError> {
+    let detail = blocking(&state.policies, move |registry, _| {
+        Ok(registry.detail(kind)?)
+    })
+    .await?;
+    Ok(Json(detail).into_response())
+}
