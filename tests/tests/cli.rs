@@ -157,3 +157,90 @@ fn serve_reads_a_config_file_and_environment_overrides_it() {
     let output = sluice(&["serve", "--listen", "nonsense"]);
     assert!(!output.status.success());
 }
+
+#[test]
+fn policy_upload_activate_list_rollback_from_the_shell() {
+    let component = policy_component("retry-backoff", None);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("retry.wasm");
+    std::fs::write(&file, component).unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let url = server.url.as_str();
+    let file = file.to_str().unwrap();
+
+    let uploaded = stdout_json(&sluice(&[
+        "policy",
+        "upload",
+        "--server",
+        url,
+        "retry",
+        file,
+        "--config",
+        "initial_delay_ms=1000",
+        "--config",
+        "max_delay_ms=5000",
+    ]));
+    assert_eq!(uploaded["version"], 1);
+    assert_eq!(
+        uploaded["config"],
+        "initial_delay_ms=1000\nmax_delay_ms=5000"
+    );
+    let active = stdout_json(&sluice(&[
+        "policy", "activate", "--server", url, "retry", "1",
+    ]));
+    assert_eq!(active["active_version"], 1);
+    let listed = stdout_json(&sluice(&["policy", "list", "--server", url]));
+    let retry = listed["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["kind"] == "retry")
+        .unwrap();
+    assert_eq!(retry["active_version"], 1);
+    let detail = stdout_json(&sluice(&["policy", "list", "--server", url, "retry"]));
+    assert_eq!(detail["versions"].as_array().unwrap().len(), 1);
+    let rolled = stdout_json(&sluice(&["policy", "rollback", "--server", url, "retry"]));
+    assert_eq!(rolled["active_version"], 0);
+
+    // Errors: a message on stderr and a non-zero exit.
+    let refused = sluice(&["policy", "rollback", "--server", url, "retry"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("roll back"));
+    let wrong_kind = sluice(&["policy", "upload", "--server", url, "merge", file]);
+    assert!(!wrong_kind.status.success());
+    assert!(String::from_utf8_lossy(&wrong_kind.stderr).contains("world"));
+    let missing = sluice(&[
+        "policy",
+        "upload",
+        "--server",
+        url,
+        "retry",
+        "/nonexistent.wasm",
+    ]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
+}
+
+#[test]
+fn serve_refuses_a_policy_setting_its_component_does_not_know() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let output = sluice(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data,
+        "--policy-config",
+        "retry.initial_delay=5",
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("retry") && stderr.contains("initial_delay"),
+        "{stderr}"
+    );
+    let malformed = sluice(&["serve", "--data-dir", data, "--policy-config", "retry"]);
+    assert!(!malformed.status.success());
+    assert!(String::from_utf8_lossy(&malformed.stderr).contains("kind.name=value"));
+}
