@@ -2,11 +2,9 @@
 //! at upload and every live decision, so a module that answers nonsense later (an index out
 //! of range, a delay past the bound) is treated as faulting, exactly like one that traps.
 
-use super::bindings::{aging, merge, priority, retry, split};
+use super::bindings::{aging, split};
 use aging::exports::sluice::policy::aging::Promotion;
-use merge::exports::sluice::policy::merge::{Hit, Part};
-use priority::exports::sluice::policy::priority::Admission;
-use retry::exports::sluice::policy::retry::{Decision, ErrorClass, Failure};
+use policy_packed::{ADMISSION_WORDS, Admission, Bucket, Decision, Failure, HIT_WORDS, Hit, View};
 use split::exports::sluice::policy::split::{ShardFilter, Subtask};
 
 /// The longest retry delay a policy may ask for.
@@ -17,7 +15,7 @@ pub const MAX_ATTEMPT_TIMEOUT_MS: u64 = 365 * 24 * 3_600_000;
 pub const MAX_CHILDREN: usize = 1024;
 /// The most centroids one child's filter may list.
 pub const MAX_CENTROIDS: usize = 65_536;
-/// The longest reason (for a dead task or a refused split or merge) kept from a policy.
+/// The longest reason (for a refused split or merge) kept from a policy.
 pub const MAX_REASON_BYTES: usize = 1024;
 
 fn same_length(answers: usize, asked: usize, what: &str) -> Result<(), String> {
@@ -36,7 +34,7 @@ fn reason(text: &str, what: &str) -> Result<(), String> {
     }
 }
 
-pub fn bucket_weights(weights: &[u32]) -> Result<(), String> {
+pub fn bucket_weights(weights: Vec<u32>) -> Result<Vec<u32>, String> {
     if weights.len() != 3 {
         return Err(format!(
             "bucket-weights gave {} weights, not 3",
@@ -46,37 +44,39 @@ pub fn bucket_weights(weights: &[u32]) -> Result<(), String> {
     if weights.iter().all(|&w| w == 0) || weights.iter().any(|&w| w > 1_000_000) {
         return Err("bucket-weights must each be 0 to 1000000 and not all 0".into());
     }
-    Ok(())
+    Ok(weights)
 }
 
-pub fn admissions(asked: usize, answer: &[Admission]) -> Result<(), String> {
-    same_length(answer.len(), asked, "admissions")?;
-    match answer
+/// Unpacks one admission per task asked about, each with a timeout in bounds.
+pub fn admissions(asked: usize, words: &[u64]) -> Result<Vec<Admission>, String> {
+    same_length(words.len(), asked * ADMISSION_WORDS, "admission words")?;
+    let admitted = policy_packed::records(words, ADMISSION_WORDS, Admission::read)
+        .map_err(|e| e.to_string())?;
+    match admitted
         .iter()
         .position(|a| !(1..=MAX_ATTEMPT_TIMEOUT_MS).contains(&a.attempt_timeout_ms))
     {
         Some(i) => Err(format!(
             "admission {i} has attempt-timeout-ms {}, outside 1..={MAX_ATTEMPT_TIMEOUT_MS}",
-            answer[i].attempt_timeout_ms
+            admitted[i].attempt_timeout_ms
         )),
-        None => Ok(()),
+        None => Ok(admitted),
     }
 }
 
-fn urgency(bucket: aging::sluice::policy::types::Bucket) -> u8 {
-    use aging::sluice::policy::types::Bucket;
+fn from_wit(bucket: aging::sluice::policy::types::Bucket) -> Bucket {
+    use aging::sluice::policy::types::Bucket as Wit;
     match bucket {
-        Bucket::Urgent => 2,
-        Bucket::Normal => 1,
-        Bucket::Low => 0,
+        Wit::Urgent => Bucket::Urgent,
+        Wit::Normal => Bucket::Normal,
+        Wit::Low => Bucket::Low,
     }
 }
 
-pub fn promotions(
-    waiting: &[aging::sluice::policy::types::TaskView],
-    answer: &[Promotion],
-) -> Result<(), String> {
+/// The moves a policy answered: each index in range, once, to a more urgent bucket.
+pub fn promotions(waiting: &[View], answer: Vec<Promotion>) -> Result<Vec<(u32, Bucket)>, String> {
     let mut seen = std::collections::BTreeSet::new();
+    let mut moves = Vec::with_capacity(answer.len());
     for promotion in answer {
         let Some(task) = waiting.get(promotion.index as usize) else {
             return Err(format!(
@@ -88,53 +88,58 @@ pub fn promotions(
         if !seen.insert(promotion.index) {
             return Err(format!("index {} is promoted twice", promotion.index));
         }
-        if urgency(promotion.to) <= urgency(task.bucket) {
+        let to = from_wit(promotion.to);
+        if to.urgency() <= task.bucket.urgency() {
             return Err(format!(
-                "index {} is moved to {:?}, which is not above its bucket {:?}",
-                promotion.index, promotion.to, task.bucket
+                "index {} is moved to {to:?}, which is not above its bucket {:?}",
+                promotion.index, task.bucket
             ));
         }
+        moves.push((promotion.index, to));
     }
-    Ok(())
+    Ok(moves)
 }
 
-pub fn decisions(failures: &[Failure], answer: &[Decision]) -> Result<(), String> {
-    same_length(answer.len(), failures.len(), "decisions")?;
-    for (i, (failure, decision)) in failures.iter().zip(answer).enumerate() {
-        match decision {
-            Decision::RetryAfterMs(delay) if *delay > MAX_RETRY_DELAY_MS => {
+/// Unpacks one decision per failure: a delay within the bound, and dead where no retry can
+/// help (a permanent or invalid-input failure, or the attempts spent).
+pub fn decisions(failures: &[Failure], words: &[u64]) -> Result<Vec<Decision>, String> {
+    same_length(words.len(), failures.len(), "decisions")?;
+    let mut decided = Vec::with_capacity(words.len());
+    for (i, (failure, &word)) in failures.iter().zip(words).enumerate() {
+        let decision = Decision::read(word).map_err(|e| format!("decision {i}: {e}"))?;
+        if let Decision::RetryAfterMs(delay) = decision {
+            if delay > MAX_RETRY_DELAY_MS {
                 return Err(format!(
                     "decision {i} retries after {delay} ms, past the {MAX_RETRY_DELAY_MS} ms bound"
                 ));
             }
-            Decision::RetryAfterMs(_)
-                if matches!(
-                    failure.class,
-                    ErrorClass::Permanent | ErrorClass::InvalidInput
-                ) =>
-            {
+            if failure.class.is_hopeless() {
                 return Err(format!(
                     "decision {i} retries a {:?} failure, which must be dead",
                     failure.class
                 ));
             }
-            Decision::RetryAfterMs(_) if failure.task.attempt >= failure.max_attempts => {
+            if failure.task.attempt >= failure.max_attempts {
                 return Err(format!(
                     "decision {i} retries attempt {} of at most {}",
                     failure.task.attempt, failure.max_attempts
                 ));
             }
-            Decision::RetryAfterMs(_) => {}
-            Decision::Dead(text) => reason(text, "a dead decision's")?,
         }
+        decided.push(decision);
     }
-    Ok(())
+    Ok(decided)
 }
 
-pub fn subtasks(answer: &Result<Vec<Subtask>, String>) -> Result<(), String> {
+pub fn subtasks(
+    answer: Result<Vec<Subtask>, String>,
+) -> Result<Result<Vec<Subtask>, String>, String> {
     let children = match answer {
         Ok(children) => children,
-        Err(refusal) => return reason(refusal, "a split refusal's"),
+        Err(refusal) => {
+            reason(&refusal, "a split refusal's")?;
+            return Ok(Err(refusal));
+        }
     };
     if children.is_empty() || children.len() > MAX_CHILDREN {
         return Err(format!(
@@ -156,67 +161,94 @@ pub fn subtasks(answer: &Result<Vec<Subtask>, String>) -> Result<(), String> {
             return Err(format!("child {i} has an empty or malformed filter"));
         }
     }
-    Ok(())
+    Ok(Ok(children))
 }
 
-pub fn merged(k: u32, parts: &[Part], answer: &Result<Vec<Hit>, String>) -> Result<(), String> {
-    let hits = match answer {
-        Ok(hits) => hits,
-        Err(refusal) => return reason(refusal, "a merge refusal's"),
+/// Unpacks a merge: at most `k` hits, sorted by (distance, id), each id once, each drawn from
+/// the children's hits (`parts`, packed).
+pub fn merged(
+    k: u32,
+    parts: &[u64],
+    answer: Result<Vec<u64>, String>,
+) -> Result<Result<Vec<Hit>, String>, String> {
+    let words = match answer {
+        Ok(words) => words,
+        Err(refusal) => {
+            reason(&refusal, "a merge refusal's")?;
+            return Ok(Err(refusal));
+        }
     };
+    let hits = policy_packed::records(&words, HIT_WORDS, Hit::read).map_err(|e| e.to_string())?;
     if hits.len() > k as usize {
         return Err(format!("merged {} hits for k = {k}", hits.len()));
     }
-    let known: std::collections::BTreeSet<u64> = parts
-        .iter()
-        .flat_map(|p| p.hits.iter().map(|h| h.id))
-        .collect();
-    let mut ids = std::collections::BTreeSet::new();
+    let mut given: Vec<u64> = parts.iter().step_by(HIT_WORDS).copied().collect();
+    given.sort_unstable();
+    let mut ids: Vec<u64> = Vec::with_capacity(hits.len());
     for (i, hit) in hits.iter().enumerate() {
         if hit.distance.is_nan() {
             return Err(format!("hit {i} has a NaN distance"));
         }
-        if !known.contains(&hit.id) {
+        if given.binary_search(&hit.id).is_err() {
             return Err(format!("hit {i} (id {}) is in no part", hit.id));
         }
-        if !ids.insert(hit.id) {
-            return Err(format!("id {} is merged twice", hit.id));
-        }
         if let Some(before) = i.checked_sub(1).map(|j| &hits[j])
-            && (before.distance, before.id) > (hit.distance, hit.id)
+            && before
+                .distance
+                .total_cmp(&hit.distance)
+                .then(before.id.cmp(&hit.id))
+                != std::cmp::Ordering::Less
         {
             return Err(format!("hit {i} is out of order (by distance, then id)"));
         }
+        ids.push(hit.id);
     }
-    Ok(())
+    ids.sort_unstable();
+    if ids.windows(2).any(|w| w[0] == w[1]) {
+        return Err("an id is merged twice".into());
+    }
+    Ok(Ok(hits))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use policy_packed::{DeadReason, ErrorClass};
+
+    fn packed_hits(child: u32, hits: &[(u64, f32)]) -> Vec<u64> {
+        let mut words = Vec::new();
+        for &(id, distance) in hits {
+            Hit { id, distance }.write_part(child, &mut words);
+        }
+        words
+    }
+
+    fn answer(hits: &[(u64, f32)]) -> Result<Vec<u64>, String> {
+        let mut words = Vec::new();
+        for &(id, distance) in hits {
+            Hit { id, distance }.write(&mut words);
+        }
+        Ok(words)
+    }
 
     #[test]
     fn a_merge_answer_must_be_sorted_unique_bounded_and_from_the_parts() {
-        let hit = |id, distance| Hit { id, distance };
-        let parts = [Part {
-            child: 0,
-            weight: 1.0,
-            hits: vec![hit(1, 0.1), hit(2, 0.2), hit(3, 0.2)],
-        }];
-        assert!(merged(3, &parts, &Ok(vec![hit(1, 0.1), hit(2, 0.2), hit(3, 0.2)])).is_ok());
-        assert!(merged(2, &parts, &Ok(vec![hit(1, 0.1), hit(2, 0.2), hit(3, 0.2)])).is_err());
-        assert!(merged(3, &parts, &Ok(vec![hit(2, 0.2), hit(1, 0.1)])).is_err());
-        assert!(merged(3, &parts, &Ok(vec![hit(3, 0.2), hit(2, 0.2)])).is_err());
-        assert!(merged(3, &parts, &Ok(vec![hit(1, 0.1), hit(1, 0.1)])).is_err());
-        assert!(merged(3, &parts, &Ok(vec![hit(9, 0.0)])).is_err());
-        assert!(merged(3, &parts, &Err("no parts".into())).is_ok());
+        let parts = packed_hits(0, &[(1, 0.1), (2, 0.2), (3, 0.2)]);
+        let good = [(1, 0.1), (2, 0.2), (3, 0.2)];
+        assert_eq!(merged(3, &parts, answer(&good)).unwrap().unwrap().len(), 3);
+        assert!(merged(2, &parts, answer(&good)).is_err());
+        assert!(merged(3, &parts, answer(&[(2, 0.2), (1, 0.1)])).is_err());
+        assert!(merged(3, &parts, answer(&[(3, 0.2), (2, 0.2)])).is_err());
+        assert!(merged(3, &parts, answer(&[(1, 0.1), (1, 0.1)])).is_err());
+        assert!(merged(3, &parts, answer(&[(9, 0.0)])).is_err());
+        assert!(merged(3, &parts, Ok(vec![1])).is_err());
+        assert!(merged(3, &parts, Err("no parts".into())).unwrap().is_err());
     }
 
     #[test]
     fn a_retry_answer_must_respect_the_bound_and_the_classes() {
-        use retry::sluice::policy::types::{Bucket, TaskView};
         let failure = |class, attempt| Failure {
-            task: TaskView {
+            task: View {
                 seq: 0,
                 tenant: 0,
                 kind: 0,
@@ -231,20 +263,32 @@ mod tests {
             max_attempts: 3,
             random: 0,
         };
+        let retry = |ms| Decision::RetryAfterMs(ms).word();
+        let dead = Decision::Dead(DeadReason::Permanent).word();
         let transient = [failure(ErrorClass::Transient, 1)];
-        assert!(decisions(&transient, &[Decision::RetryAfterMs(MAX_RETRY_DELAY_MS)]).is_ok());
-        assert!(
-            decisions(
-                &transient,
-                &[Decision::RetryAfterMs(MAX_RETRY_DELAY_MS + 1)]
-            )
-            .is_err()
-        );
+        assert!(decisions(&transient, &[retry(MAX_RETRY_DELAY_MS)]).is_ok());
+        assert!(decisions(&transient, &[retry(MAX_RETRY_DELAY_MS + 1)]).is_err());
         assert!(decisions(&transient, &[]).is_err());
+        assert!(decisions(&transient, &[policy_packed::DEAD | 77]).is_err());
         let permanent = [failure(ErrorClass::Permanent, 1)];
-        assert!(decisions(&permanent, &[Decision::RetryAfterMs(1)]).is_err());
-        assert!(decisions(&permanent, &[Decision::Dead("bad".into())]).is_ok());
+        assert!(decisions(&permanent, &[retry(1)]).is_err());
+        assert!(decisions(&permanent, &[dead]).is_ok());
         let spent = [failure(ErrorClass::Transient, 3)];
-        assert!(decisions(&spent, &[Decision::RetryAfterMs(1)]).is_err());
+        assert!(decisions(&spent, &[retry(1)]).is_err());
+    }
+
+    #[test]
+    fn admissions_must_be_whole_one_per_task_and_bounded() {
+        let mut words = Vec::new();
+        let admission = Admission {
+            bucket: Bucket::Low,
+            rank: 4,
+            attempt_timeout_ms: 10,
+        };
+        admission.write(&mut words);
+        assert_eq!(admissions(1, &words).unwrap(), [admission]);
+        assert!(admissions(2, &words).is_err());
+        assert!(admissions(1, &[9, 4, 10]).is_err(), "no bucket 9");
+        assert!(admissions(1, &[2, 4, 0]).is_err(), "a zero timeout");
     }
 }

@@ -145,9 +145,7 @@ policy_instance!(
 );
 
 use bindings::aging::exports::sluice::policy::aging::Promotion;
-use bindings::merge::exports::sluice::policy::merge::{Hit, Part};
-use bindings::priority::exports::sluice::policy::priority::Admission;
-use bindings::retry::exports::sluice::policy::retry::{Decision, Failure};
+use bindings::aging::sluice::policy::types::Bucket as WitBucket;
 use bindings::split::exports::sluice::policy::split::{SplitRequest, Subtask};
 
 impl PriorityInstance {
@@ -155,32 +153,56 @@ impl PriorityInstance {
         self.call(|i, store| i.sluice_policy_priority().call_bucket_weights(store))
     }
 
-    pub fn admit(
+    /// `tasks`: packed task views; the answer: packed admissions (see `policy_packed`).
+    pub fn admit(&mut self, now_ms: u64, tasks: &[u64]) -> Result<Vec<u64>, PolicyError> {
+        self.call(|i, store| i.sluice_policy_priority().call_admit(store, now_ms, tasks))
+    }
+
+    /// One task's packed view; its packed admission.
+    pub fn admit_one(
         &mut self,
         now_ms: u64,
-        tasks: &[bindings::priority::sluice::policy::types::TaskMeta],
-    ) -> Result<Vec<Admission>, PolicyError> {
-        self.call(|i, store| i.sluice_policy_priority().call_admit(store, now_ms, tasks))
+        task: (u64, u64, u64, u64, u64, u64),
+    ) -> Result<(u64, u64, u64), PolicyError> {
+        self.call(|i, store| {
+            i.sluice_policy_priority()
+                .call_admit_one(store, now_ms, task)
+        })
     }
 }
 
 impl AgingInstance {
-    pub fn age(
+    /// `waiting`: packed task views.
+    pub fn age(&mut self, now_ms: u64, waiting: &[u64]) -> Result<Vec<Promotion>, PolicyError> {
+        self.call(|i, store| i.sluice_policy_aging().call_age(store, now_ms, waiting))
+    }
+
+    /// One task's packed view; the bucket to move it to, if any.
+    pub fn age_one(
         &mut self,
         now_ms: u64,
-        waiting: &[bindings::aging::sluice::policy::types::TaskView],
-    ) -> Result<Vec<Promotion>, PolicyError> {
-        self.call(|i, store| i.sluice_policy_aging().call_age(store, now_ms, waiting))
+        task: (u64, u64, u64, u64, u64, u64),
+    ) -> Result<Option<WitBucket>, PolicyError> {
+        self.call(|i, store| i.sluice_policy_aging().call_age_one(store, now_ms, task))
     }
 }
 
 impl RetryInstance {
-    pub fn decide(
+    /// `failures`: packed failures; the answer: one packed decision each.
+    pub fn decide(&mut self, now_ms: u64, failures: &[u64]) -> Result<Vec<u64>, PolicyError> {
+        self.call(|i, store| i.sluice_policy_retry().call_decide(store, now_ms, failures))
+    }
+
+    /// One packed failure; its packed decision.
+    pub fn decide_one(
         &mut self,
         now_ms: u64,
-        failures: &[Failure],
-    ) -> Result<Vec<Decision>, PolicyError> {
-        self.call(|i, store| i.sluice_policy_retry().call_decide(store, now_ms, failures))
+        failure: policy_packed::FailureWords,
+    ) -> Result<u64, PolicyError> {
+        self.call(|i, store| {
+            i.sluice_policy_retry()
+                .call_decide_one(store, now_ms, failure)
+        })
     }
 }
 
@@ -195,12 +217,14 @@ impl SplitInstance {
 }
 
 impl MergeInstance {
-    /// The merged hits, or the policy's reason for refusing the merge.
+    /// `hits`: the children's packed hits; the answer: packed hits, or the policy's reason for
+    /// refusing the merge.
     pub fn merge(
         &mut self,
         k: u32,
-        parts: &[Part],
-    ) -> Result<Result<Vec<Hit>, String>, PolicyError> {
-        self.call(|i, store| i.sluice_policy_merge().call_merge(store, k, parts))
+        weights: &[f32],
+        hits: &[u64],
+    ) -> Result<Result<Vec<u64>, String>, PolicyError> {
+        self.call(|i, store| i.sluice_policy_merge().call_merge(store, k, weights, hits))
     }
 }

@@ -13,7 +13,7 @@ mod registry;
 mod runtime;
 mod slot;
 
-pub use admission::{PolicyAdmitter, name_code};
+pub use admission::PolicyAdmitter;
 pub use conformance::Conformance;
 pub use instance::{
     AgingInstance, MergeInstance, Policy, PriorityInstance, RetryInstance, SplitInstance,

@@ -2,7 +2,8 @@
 //! rolls back and restores them, one kind's chain of versions at a time. Decisions go through
 //! it (`admit`, `age`, `retry`, `split`, `merge`) and never wait for its lock.
 
-use super::bindings::{aging, merge, priority, retry, split};
+use super::bindings::aging::exports::sluice::policy::aging::Promotion;
+use super::bindings::split;
 use super::checks;
 use super::conformance::Conformance;
 use super::defaults;
@@ -13,6 +14,7 @@ use super::runtime::{Kind, PolicyError, PolicyRuntime};
 use super::slot::{Chain, Decided, FaultLimit, Loaded, Slot, SlotCounters};
 use crate::model::{BUILTIN_VERSION, PolicyAction, PolicyEvent, PolicyVersion};
 use crate::store::{PolicyCatalog, StoreError};
+use policy_packed::{Admission, Bucket, Decision, FAILURE_WORDS, Failure, Hit, VIEW_WORDS, View};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -499,47 +501,80 @@ impl PolicyRegistry {
     // ---- decisions ----
 
     pub fn bucket_weights(&self, now_ms: u64) -> Result<Decided<Vec<u32>>, PolicyError> {
-        self.priority.decide(
-            now_ms,
-            |p| p.bucket_weights(),
-            |w| checks::bucket_weights(w),
-        )
+        self.priority
+            .decide(now_ms, |p| p.bucket_weights(), checks::bucket_weights)
     }
 
+    /// One admission per task, in order.
     pub fn admit(
         &self,
         now_ms: u64,
-        tasks: &[priority::sluice::policy::types::TaskMeta],
-    ) -> Result<Decided<Vec<priority::exports::sluice::policy::priority::Admission>>, PolicyError>
-    {
+        tasks: &[View],
+    ) -> Result<Decided<Vec<Admission>>, PolicyError> {
+        if let [task] = tasks {
+            let words = task.words();
+            return self.priority.decide(
+                now_ms,
+                |p| p.admit_one(now_ms, words),
+                |(a, b, c)| checks::admissions(1, &[a, b, c]),
+            );
+        }
+        let words = pack(tasks, VIEW_WORDS, View::write);
         self.priority.decide(
             now_ms,
-            |p| p.admit(now_ms, tasks),
-            |a| checks::admissions(tasks.len(), a),
+            |p| p.admit(now_ms, &words),
+            |answer| checks::admissions(tasks.len(), &answer),
         )
     }
 
+    /// The index in `waiting` and the new bucket of each task to move.
     pub fn age(
         &self,
         now_ms: u64,
-        waiting: &[aging::sluice::policy::types::TaskView],
-    ) -> Result<Decided<Vec<aging::exports::sluice::policy::aging::Promotion>>, PolicyError> {
+        waiting: &[View],
+    ) -> Result<Decided<Vec<(u32, Bucket)>>, PolicyError> {
+        if let [task] = waiting {
+            let words = task.words();
+            return self.aging.decide(
+                now_ms,
+                |p| p.age_one(now_ms, words),
+                |to| {
+                    checks::promotions(
+                        waiting,
+                        to.map(|to| Promotion { index: 0, to })
+                            .into_iter()
+                            .collect(),
+                    )
+                },
+            );
+        }
+        let words = pack(waiting, VIEW_WORDS, View::write);
         self.aging.decide(
             now_ms,
-            |p| p.age(now_ms, waiting),
+            |p| p.age(now_ms, &words),
             |promotions| checks::promotions(waiting, promotions),
         )
     }
 
+    /// One decision per failure, in order.
     pub fn retry(
         &self,
         now_ms: u64,
-        failures: &[retry::exports::sluice::policy::retry::Failure],
-    ) -> Result<Decided<Vec<retry::exports::sluice::policy::retry::Decision>>, PolicyError> {
+        failures: &[Failure],
+    ) -> Result<Decided<Vec<Decision>>, PolicyError> {
+        if let [failure] = failures {
+            let words = failure.words();
+            return self.retry.decide(
+                now_ms,
+                |p| p.decide_one(now_ms, words),
+                |word| checks::decisions(failures, &[word]),
+            );
+        }
+        let words = pack(failures, FAILURE_WORDS, Failure::write);
         self.retry.decide(
             now_ms,
-            |p| p.decide(now_ms, failures),
-            |decisions| checks::decisions(failures, decisions),
+            |p| p.decide(now_ms, &words),
+            |answer| checks::decisions(failures, &answer),
         )
     }
 
@@ -555,19 +590,30 @@ impl PolicyRegistry {
             .decide(now_ms, |p| p.split(request), checks::subtasks)
     }
 
+    /// `hits`: the children's hits packed with `Hit::write_part`, each child's run nearest
+    /// first; `weights[c]` is child c's weight.
     pub fn merge(
         &self,
         now_ms: u64,
         k: u32,
-        parts: &[merge::exports::sluice::policy::merge::Part],
-    ) -> Result<Decided<Result<Vec<merge::exports::sluice::policy::merge::Hit>, String>>, PolicyError>
-    {
+        weights: &[f32],
+        hits: &[u64],
+    ) -> Result<Decided<Result<Vec<Hit>, String>>, PolicyError> {
         self.merge.decide(
             now_ms,
-            |p| p.merge(k, parts),
-            |answer| checks::merged(k, parts, answer),
+            |p| p.merge(k, weights, hits),
+            |answer| checks::merged(k, hits, answer),
         )
     }
+}
+
+/// Packs `records` of `width` words each into one list.
+fn pack<T>(records: &[T], width: usize, write: impl Fn(&T, &mut Vec<u64>)) -> Vec<u64> {
+    let mut words = Vec::with_capacity(records.len() * width);
+    for record in records {
+        write(record, &mut words);
+    }
+    words
 }
 
 fn status_of<P: Policy>(slot: &Slot<P>) -> KindStatus {

@@ -1,11 +1,10 @@
 //! The registry with real components and a real sled catalog: upload, activate, rollback,
 //! refusals, fault fallback and deactivation, restart, and swaps under concurrent decisions.
 
-use super::bindings::priority::sluice::policy::types::{Bucket, TaskMeta, TaskView};
-use super::bindings::retry;
 use super::*;
 use crate::model::{PolicyAction, PolicyKind};
 use crate::store::{SledOptions, SledStore};
+use policy_packed::{Bucket, Decision, ErrorClass, Failure, View};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -31,23 +30,17 @@ fn open(dir: &std::path::Path, options: RegistryOptions) -> (Arc<SledStore>, Pol
     (store, registry)
 }
 
-fn meta(seq: u64, bucket: Bucket, est_exec_ms: u64) -> TaskMeta {
-    TaskMeta {
-        view: TaskView {
-            seq,
-            tenant: 0,
-            kind: 0,
-            bucket,
-            submitted_bucket: bucket,
-            created_ms: 0,
-            bucket_since_ms: 0,
-            attempt: 0,
-            est_exec_ms,
-        },
-        kind_name: "oct.analyze".into(),
-        tenant_name: "site".into(),
-        device: "scanner".into(),
-        labels: Vec::new(),
+fn meta(seq: u64, bucket: Bucket, est_exec_ms: u64) -> View {
+    View {
+        seq,
+        tenant: 0,
+        kind: 0,
+        bucket,
+        submitted_bucket: bucket,
+        created_ms: 0,
+        bucket_since_ms: 0,
+        attempt: 0,
+        est_exec_ms,
     }
 }
 
@@ -173,11 +166,9 @@ fn the_active_version_and_compiled_code_survive_a_restart() {
     assert_eq!(registry.status(Kind::Priority).fallback_versions, [0]);
 }
 
-fn failure(seq: u64) -> retry::exports::sluice::policy::retry::Failure {
-    use retry::exports::sluice::policy::retry::{ErrorClass, Failure};
-    use retry::sluice::policy::types::{Bucket, TaskView};
+fn failure(seq: u64) -> Failure {
     Failure {
-        task: TaskView {
+        task: View {
             seq,
             tenant: 0,
             kind: 0,
@@ -200,7 +191,6 @@ const LATE_SEQ: u64 = 424_242;
 /// A version that faults only later is replaced by the one before it for each faulting
 /// decision, and deactivated after the limit, as an event.
 fn assert_late_faults_fall_back_then_deactivate(feature: &str) {
-    use retry::exports::sluice::policy::retry::Decision;
     let dir = tempfile::tempdir().unwrap();
     let options = RegistryOptions {
         fault_limit: FaultLimit {
@@ -344,7 +334,7 @@ fn swaps_under_concurrent_decisions_never_fail_or_mix_versions() {
         .map(|thread| {
             let (registry, by_version) = (registry.clone(), by_version.clone());
             std::thread::spawn(move || {
-                let batch: Vec<TaskMeta> = (0..4)
+                let batch: Vec<View> = (0..4)
                     .map(|n| meta(thread * 10 + n, Bucket::Normal, 1000 + n))
                     .collect();
                 for _ in 0..DECISIONS_PER_THREAD {
@@ -358,7 +348,7 @@ fn swaps_under_concurrent_decisions_never_fail_or_mix_versions() {
                     for (task, admission) in batch.iter().zip(&decided.answer) {
                         assert_eq!(
                             admission.attempt_timeout_ms,
-                            task.view.est_exec_ms * factor,
+                            task.est_exec_ms * factor,
                             "every answer of one decision comes from its one version"
                         );
                     }

@@ -69,25 +69,25 @@ impl<P: Policy> Loaded<P> {
         P::instantiate(self.runtime.clone(), &self.compiled, &self.config)
     }
 
-    /// One call on an idle instance (or a new one). A faulted instance is dropped rather than
-    /// returned, so a poisoned store is never reused.
-    fn run<R>(
+    /// One call on an idle instance (or a new one), its answer judged. A faulted instance is
+    /// dropped rather than returned, so a poisoned store is never reused.
+    fn run<R, T>(
         &self,
         call: &mut impl FnMut(&mut P) -> Result<R, PolicyError>,
-        check: &impl Fn(&R) -> Result<(), String>,
-    ) -> Result<R, PolicyError> {
+        judge: &impl Fn(R) -> Result<T, String>,
+    ) -> Result<T, PolicyError> {
         let pooled = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut instance = match pooled {
             Some(instance) => instance,
             None => P::instantiate(self.runtime.clone(), &self.compiled, &self.config)?,
         };
         let answer = call(&mut instance)?;
-        let checked = check(&answer).map_err(PolicyError::BadAnswer);
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < MAX_IDLE_INSTANCES {
             idle.push(instance);
         }
-        checked.map(|()| answer)
+        drop(idle);
+        judge(answer).map_err(PolicyError::BadAnswer)
     }
 
     /// Counts a fault at `now_ms`; true once the limit is reached within the window.
@@ -189,15 +189,15 @@ impl<P: Policy> Slot<P> {
         }
     }
 
-    /// Decides with the active version; when it faults (trap, deadline, memory cap, or an
-    /// answer `check` refuses), with the version behind it, down to the built-in one. Fails
-    /// only when every version in the chain faulted.
-    pub fn decide<R>(
+    /// Decides with the active version; when it faults (trap, fuel, memory cap, or an answer
+    /// `judge` refuses), with the version behind it, down to the built-in one. `judge` turns
+    /// a usable answer into the decision. Fails only when every version in the chain faulted.
+    pub fn decide<R, T>(
         &self,
         now_ms: u64,
         mut call: impl FnMut(&mut P) -> Result<R, PolicyError>,
-        check: impl Fn(&R) -> Result<(), String>,
-    ) -> Result<Decided<R>, PolicyError> {
+        judge: impl Fn(R) -> Result<T, String>,
+    ) -> Result<Decided<T>, PolicyError> {
         self.decisions_total.fetch_add(1, Ordering::Relaxed);
         let chain = self.chain.load_full();
         let mut last_fault = None;
@@ -205,7 +205,7 @@ impl<P: Policy> Slot<P> {
             if fallbacks > 0 {
                 self.fallbacks_total.fetch_add(1, Ordering::Relaxed);
             }
-            match loaded.run(&mut call, &check) {
+            match loaded.run(&mut call, &judge) {
                 Ok(answer) => {
                     return Ok(Decided {
                         answer,

@@ -3,6 +3,7 @@
 use super::bindings;
 use super::defaults;
 use super::*;
+use policy_packed::{Bucket, DeadReason, Decision, ErrorClass, Failure, Hit, View};
 use std::sync::{Arc, OnceLock};
 
 fn runtime() -> Arc<PolicyRuntime> {
@@ -39,22 +40,10 @@ fn every_default_compiles_for_its_kind_and_only_its_kind() {
     assert!(matches!(garbage, Err(PolicyError::Compile(_))));
 }
 
-#[test]
-fn retry_backoff_decides_through_wasm_and_init_checks_its_config() {
-    use bindings::retry::exports::sluice::policy::retry::{Decision, ErrorClass, Failure};
-    use bindings::retry::sluice::policy::types::{Bucket, TaskView};
-    let runtime = runtime();
-    let compiled = runtime
-        .compile(Kind::Retry, defaults::RETRY_BACKOFF)
-        .unwrap();
-    let mut retry = RetryInstance::new(
-        runtime.clone(),
-        &compiled,
-        b"initial_delay_ms=100\nmax_delay_ms=1000",
-    )
-    .unwrap();
-    let failure = |attempt, class, random| Failure {
-        task: TaskView {
+/// A failure of a normal task at `attempt` of 3.
+fn retry_failure(attempt: u32, class: ErrorClass, random: u64) -> Failure {
+    Failure {
+        task: View {
             seq: 1,
             tenant: 0,
             kind: 0,
@@ -68,22 +57,45 @@ fn retry_backoff_decides_through_wasm_and_init_checks_its_config() {
         class,
         max_attempts: 3,
         random,
-    };
-    let decisions = retry
-        .decide(
-            5,
-            &[
-                failure(1, ErrorClass::Transient, 50),
-                failure(2, ErrorClass::NodeBusy, 1_000_000 + 150),
-                failure(1, ErrorClass::Permanent, 0),
-                failure(3, ErrorClass::Timeout, 0),
-            ],
-        )
+    }
+}
+
+#[test]
+fn retry_backoff_decides_through_wasm_and_init_checks_its_config() {
+    let runtime = runtime();
+    let compiled = runtime
+        .compile(Kind::Retry, defaults::RETRY_BACKOFF)
         .unwrap();
-    assert!(matches!(decisions[0], Decision::RetryAfterMs(50)));
-    assert!(matches!(decisions[1], Decision::RetryAfterMs(ms) if ms == (1_000_000 + 150) % 201));
-    assert!(matches!(decisions[2], Decision::Dead(_)));
-    assert!(matches!(decisions[3], Decision::Dead(_)));
+    let mut retry = RetryInstance::new(
+        runtime.clone(),
+        &compiled,
+        b"initial_delay_ms=100\nmax_delay_ms=1000",
+    )
+    .unwrap();
+    let mut failures = Vec::new();
+    for (attempt, class, random) in [
+        (1, ErrorClass::Transient, 50),
+        (2, ErrorClass::NodeBusy, 1_000_000 + 150),
+        (1, ErrorClass::Permanent, 0),
+        (3, ErrorClass::Timeout, 0),
+    ] {
+        retry_failure(attempt, class, random).write(&mut failures);
+    }
+    let decisions: Vec<Decision> = retry
+        .decide(5, &failures)
+        .unwrap()
+        .into_iter()
+        .map(|word| Decision::read(word).unwrap())
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            Decision::RetryAfterMs(50),
+            Decision::RetryAfterMs((1_000_000 + 150) % 201),
+            Decision::Dead(DeadReason::Permanent),
+            Decision::Dead(DeadReason::AttemptsSpent),
+        ]
+    );
 
     let refused = RetryInstance::new(runtime.clone(), &compiled, b"initial_delay_ms=0");
     assert!(matches!(refused, Err(PolicyError::Init(_))));
@@ -95,68 +107,48 @@ fn retry_backoff_decides_through_wasm_and_init_checks_its_config() {
 fn priority_aging_split_and_merge_defaults_answer_through_wasm() {
     let runtime = runtime();
 
-    use bindings::priority::sluice::policy::types as ptypes;
     let compiled = runtime
         .compile(Kind::Priority, defaults::PRIORITY_BUCKETS)
         .unwrap();
     let mut priority = PriorityInstance::new(runtime.clone(), &compiled, b"").unwrap();
     assert_eq!(priority.bucket_weights().unwrap(), [60, 35, 5]);
-    let meta = ptypes::TaskMeta {
-        view: ptypes::TaskView {
-            seq: 42,
-            tenant: 1,
-            kind: 2,
-            bucket: ptypes::Bucket::Low,
-            submitted_bucket: ptypes::Bucket::Low,
-            created_ms: 0,
-            bucket_since_ms: 0,
-            attempt: 0,
-            est_exec_ms: 30_000,
-        },
-        kind_name: "oct.analyze".into(),
-        tenant_name: "site-a".into(),
-        device: "scanner-1".into(),
-        labels: vec![("model".into(), "v2".into())],
+    let view = |seq, bucket, since, est_exec_ms| View {
+        seq,
+        tenant: 1,
+        kind: 2,
+        bucket,
+        submitted_bucket: bucket,
+        created_ms: 0,
+        bucket_since_ms: since,
+        attempt: 0,
+        est_exec_ms,
     };
-    let admitted = priority.admit(0, &[meta]).unwrap();
-    assert_eq!(admitted.len(), 1);
+    let mut tasks = Vec::new();
+    view(42, Bucket::Low, 0, 30_000).write(&mut tasks);
+    let admitted = priority.admit(0, &tasks).unwrap();
     assert_eq!(
-        (
-            admitted[0].bucket,
-            admitted[0].rank,
-            admitted[0].attempt_timeout_ms
-        ),
-        (ptypes::Bucket::Low, 42, 90_000)
+        policy_packed::Admission::read(&admitted).unwrap(),
+        policy_packed::Admission {
+            bucket: Bucket::Low,
+            rank: 42,
+            attempt_timeout_ms: 90_000
+        }
     );
 
-    use bindings::aging::sluice::policy::types as atypes;
     let compiled = runtime
         .compile(Kind::Aging, defaults::AGING_THRESHOLD)
         .unwrap();
     let mut aging = AgingInstance::new(runtime.clone(), &compiled, b"low_to_normal_ms=10").unwrap();
-    let view = |bucket, since| atypes::TaskView {
-        seq: 0,
-        tenant: 0,
-        kind: 0,
-        bucket,
-        submitted_bucket: atypes::Bucket::Low,
-        created_ms: 0,
-        bucket_since_ms: since,
-        attempt: 0,
-        est_exec_ms: 0,
-    };
-    let promotions = aging
-        .age(
-            100,
-            &[view(atypes::Bucket::Low, 95), view(atypes::Bucket::Low, 90)],
-        )
-        .unwrap();
+    let mut waiting = Vec::new();
+    view(0, Bucket::Low, 95, 0).write(&mut waiting);
+    view(1, Bucket::Low, 90, 0).write(&mut waiting);
+    let promotions = aging.age(100, &waiting).unwrap();
     assert_eq!(
         promotions
             .iter()
             .map(|p| (p.index, p.to))
             .collect::<Vec<_>>(),
-        [(1, atypes::Bucket::Normal)]
+        [(1, bindings::aging::sluice::policy::types::Bucket::Normal)]
     );
 
     use bindings::split::exports::sluice::policy::split::{ShardFilter, SplitRequest};
@@ -196,56 +188,38 @@ fn priority_aging_split_and_merge_defaults_answer_through_wasm() {
         .collect();
     assert_eq!(ranges, [(0, 4), (4, 7), (7, 10)]);
 
-    use bindings::merge::exports::sluice::policy::merge::{Hit, Part};
     let compiled = runtime.compile(Kind::Merge, defaults::MERGE_TOPK).unwrap();
     let mut merge = MergeInstance::new(runtime, &compiled, b"").unwrap();
-    let part = |child, hits: &[(u64, f32)]| Part {
-        child,
-        weight: 1.0,
-        hits: hits
-            .iter()
-            .map(|&(id, distance)| Hit { id, distance })
-            .collect(),
+    let pack = |parts: &[(u32, &[(u64, f32)])]| {
+        let mut words = Vec::new();
+        for &(child, hits) in parts {
+            for &(id, distance) in hits {
+                Hit { id, distance }.write_part(child, &mut words);
+            }
+        }
+        words
     };
-    let merged = merge
-        .merge(
-            3,
-            &[
-                part(0, &[(5, 0.1), (9, 0.4)]),
-                part(1, &[(5, 0.1), (3, 0.4), (1, 0.9)]),
-            ],
-        )
-        .unwrap()
-        .unwrap();
+    let hits = pack(&[
+        (0, &[(5, 0.1), (9, 0.4)]),
+        (1, &[(5, 0.1), (3, 0.4), (1, 0.9)]),
+    ]);
+    let merged = merge.merge(3, &[1.0, 1.0], &hits).unwrap().unwrap();
+    let merged = policy_packed::records(&merged, 2, Hit::read).unwrap();
     assert_eq!(merged.iter().map(|h| h.id).collect::<Vec<_>>(), [5, 3, 9]);
-    let refused = merge.merge(3, &[part(0, &[(1, f32::NAN)])]).unwrap();
+    let nan = pack(&[(0, &[(1, f32::NAN)])]);
+    let refused = merge.merge(3, &[1.0], &nan).unwrap();
     assert!(refused.is_err(), "a NaN distance is refused by the policy");
 }
 
 mod sandbox {
     use super::super::hostile;
     use super::*;
-    use bindings::retry::exports::sluice::policy::retry::{Decision, ErrorClass, Failure};
-    use bindings::retry::sluice::policy::types::{Bucket, TaskView};
     use std::time::{Duration, Instant};
 
-    fn failure() -> Failure {
-        Failure {
-            task: TaskView {
-                seq: 1,
-                tenant: 0,
-                kind: 0,
-                bucket: Bucket::Low,
-                submitted_bucket: Bucket::Low,
-                created_ms: 0,
-                bucket_since_ms: 0,
-                attempt: 1,
-                est_exec_ms: 10,
-            },
-            class: ErrorClass::Transient,
-            max_attempts: 3,
-            random: 7,
-        }
+    fn failure() -> Vec<u64> {
+        let mut words = Vec::new();
+        retry_failure(1, ErrorClass::Transient, 7).write(&mut words);
+        words
     }
 
     /// A misbehaving call faults within its bounds, and the instance serves again afterwards
@@ -258,7 +232,7 @@ mod sandbox {
         let mut policy = RetryInstance::new(runtime.clone(), &compiled, b"").unwrap();
         for round in 0..2 {
             let started = Instant::now();
-            let answer = policy.decide(5, &[failure()]);
+            let answer = policy.decide(5, &failure());
             assert!(
                 matches!(answer, Err(PolicyError::Fault(_))),
                 "{feature} round {round}: {answer:?}"
@@ -274,15 +248,16 @@ mod sandbox {
             .compile(Kind::Retry, defaults::RETRY_BACKOFF)
             .unwrap();
         let mut good = RetryInstance::new(runtime, &good, b"").unwrap();
+        let answer = good.decide(5, &failure()).unwrap();
         assert!(matches!(
-            good.decide(5, &[failure()]).unwrap()[0],
-            Decision::RetryAfterMs(_)
+            Decision::read(answer[0]),
+            Ok(Decision::RetryAfterMs(_))
         ));
     }
 
     #[test]
-    fn an_endless_loop_is_cut_at_the_deadline() {
-        // The deadline is 10 ms; the bound here only catches a deadline that never fires.
+    fn an_endless_loop_is_cut_when_its_fuel_runs_out() {
+        // The fuel lasts about 10 ms; the bound here only catches fuel that never runs out.
         assert_bounded_fault("spin", Duration::from_secs(5));
     }
 

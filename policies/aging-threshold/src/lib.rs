@@ -6,7 +6,7 @@
 wit_bindgen::generate!({ world: "aging-policy", path: "../../wit" });
 
 use exports::sluice::policy::aging::{Guest, Promotion};
-use sluice::policy::types::{Bucket, TaskView};
+use policy_packed::{Bucket, VIEW_WORDS, View};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
@@ -39,7 +39,8 @@ impl Settings {
         Ok(settings)
     }
 
-    pub fn age(&self, now_ms: u64, waiting: &[TaskView]) -> Vec<Promotion> {
+    /// The index and new bucket of each task to move.
+    pub fn age(&self, now_ms: u64, waiting: &[View]) -> Vec<(u32, Bucket)> {
         waiting
             .iter()
             .enumerate()
@@ -50,10 +51,7 @@ impl Settings {
                     Bucket::Normal if waited >= self.normal_to_urgent_ms => Bucket::Urgent,
                     _ => return None,
                 };
-                Some(Promotion {
-                    index: u32::try_from(index).ok()?,
-                    to,
-                })
+                Some((u32::try_from(index).ok()?, to))
             })
             .collect()
     }
@@ -70,8 +68,35 @@ impl Guest for Component {
         Ok(())
     }
 
-    fn age(now_ms: u64, waiting: Vec<TaskView>) -> Vec<Promotion> {
-        SETTINGS.get().age(now_ms, &waiting)
+    fn age(now_ms: u64, waiting: Vec<u64>) -> Vec<Promotion> {
+        // The host sends well-formed views; a malformed list moves nothing.
+        let waiting = policy_packed::records(&waiting, VIEW_WORDS, View::read).unwrap_or_default();
+        SETTINGS
+            .get()
+            .age(now_ms, &waiting)
+            .into_iter()
+            .map(|(index, to)| Promotion {
+                index,
+                to: wit_bucket(to),
+            })
+            .collect()
+    }
+
+    fn age_one(
+        now_ms: u64,
+        task: (u64, u64, u64, u64, u64, u64),
+    ) -> Option<sluice::policy::types::Bucket> {
+        let task = View::from_words(task).ok()?;
+        let (_, to) = SETTINGS.get().age(now_ms, &[task]).pop()?;
+        Some(wit_bucket(to))
+    }
+}
+
+fn wit_bucket(bucket: Bucket) -> sluice::policy::types::Bucket {
+    match bucket {
+        Bucket::Urgent => sluice::policy::types::Bucket::Urgent,
+        Bucket::Normal => sluice::policy::types::Bucket::Normal,
+        Bucket::Low => sluice::policy::types::Bucket::Low,
     }
 }
 
@@ -83,8 +108,8 @@ export!(Component);
 mod tests {
     use super::*;
 
-    fn view(bucket: Bucket, bucket_since_ms: u64) -> TaskView {
-        TaskView {
+    fn view(bucket: Bucket, bucket_since_ms: u64) -> View {
+        View {
             seq: 0,
             tenant: 0,
             kind: 0,
@@ -108,11 +133,7 @@ mod tests {
             view(Bucket::Urgent, 0),   // already at the top
             view(Bucket::Low, 5_000),  // clock behind the entry time: stay
         ];
-        let promotions: Vec<(u32, Bucket)> = settings
-            .age(1_100, &waiting)
-            .iter()
-            .map(|p| (p.index, p.to))
-            .collect();
+        let promotions = settings.age(1_100, &waiting);
         assert_eq!(promotions, [(0, Bucket::Normal), (2, Bucket::Urgent)]);
     }
 

@@ -6,7 +6,8 @@
 
 wit_bindgen::generate!({ world: "retry-policy", path: "../../wit" });
 
-use exports::sluice::policy::retry::{Decision, ErrorClass, Failure, Guest};
+use exports::sluice::policy::retry::Guest;
+use policy_packed::{DeadReason, Decision, FAILURE_WORDS, Failure};
 
 /// The task `seq` the `late-*` policies misbehave on.
 pub const LATE_SEQ: u64 = 424_242;
@@ -25,7 +26,9 @@ impl Guest for Component {
 
     // Which arguments are used depends on the feature.
     #[allow(unused_variables)]
-    fn decide(now_ms: u64, failures: Vec<Failure>) -> Vec<Decision> {
+    fn decide(now_ms: u64, failures: Vec<u64>) -> Vec<u64> {
+        let failures: Vec<Failure> =
+            policy_packed::records(&failures, FAILURE_WORDS, Failure::read).unwrap_or_default();
         #[cfg(feature = "spin")]
         {
             let mut n = now_ms;
@@ -54,19 +57,28 @@ impl Guest for Component {
             .iter()
             .map(|failure| {
                 let spent = failure.task.attempt >= failure.max_attempts;
-                let hopeless = matches!(
-                    failure.class,
-                    ErrorClass::Permanent | ErrorClass::InvalidInput
-                );
-                if spent || hopeless {
-                    Decision::Dead("no retry".into())
+                if spent || failure.class.is_hopeless() {
+                    Decision::Dead(DeadReason::Policy)
                 } else if cfg!(feature = "late-nonsense") && failure.task.seq == LATE_SEQ {
                     Decision::RetryAfterMs(48 * 3_600_000)
                 } else {
                     Decision::RetryAfterMs(1000 + now_ms % 1000)
                 }
+                .word()
             })
             .collect()
+    }
+
+    // The same misbehaviour one task at a time.
+    fn decide_one(now_ms: u64, failure: policy_packed::FailureWords) -> u64 {
+        let failure = Failure::from_words(failure).map(|f| {
+            let mut words = Vec::new();
+            f.write(&mut words);
+            words
+        });
+        Self::decide(now_ms, failure.unwrap_or_default())
+            .pop()
+            .unwrap_or(u64::MAX)
     }
 }
 

@@ -4,12 +4,42 @@
 
 wit_bindgen::generate!({ world: "merge-policy", path: "../../wit" });
 
-use exports::sluice::policy::merge::{Guest, Hit, Part};
+use exports::sluice::policy::merge::Guest;
+use policy_packed::HIT_WORDS;
+pub use policy_packed::Hit;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, BinaryHeap};
 
 /// The largest `k` accepted, so one call's output stays bounded.
 pub const MAX_K: u32 = 100_000;
+
+/// One child's answer: its hits, nearest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Part {
+    pub child: u32,
+    pub weight: f32,
+    pub hits: Vec<Hit>,
+}
+
+/// Unpacks the children's hits: each run of one child's hits is that child's part.
+pub fn parts(weights: &[f32], words: &[u64]) -> Result<Vec<Part>, String> {
+    let mut parts: Vec<Part> = Vec::new();
+    if !words.len().is_multiple_of(HIT_WORDS) {
+        return Err("the hits are not a whole number of 2-word records".into());
+    }
+    for pair in words.chunks_exact(HIT_WORDS) {
+        let (child, hit) = Hit::read_part(pair).map_err(|e| e.0.to_string())?;
+        match parts.last_mut() {
+            Some(part) if part.child == child => part.hits.push(hit),
+            _ => parts.push(Part {
+                child,
+                weight: weights.get(child as usize).copied().unwrap_or(1.0),
+                hits: vec![hit],
+            }),
+        }
+    }
+    Ok(parts)
+}
 
 /// A hit ordered by (distance, id), nearest first; with where it came from.
 struct Head {
@@ -110,8 +140,13 @@ impl Guest for Component {
         policy_config::Config::parse(&config, &[]).map(|_| ())
     }
 
-    fn merge(k: u32, parts: Vec<Part>) -> Result<Vec<Hit>, String> {
-        merge(k, parts)
+    fn merge(k: u32, weights: Vec<f32>, hits: Vec<u64>) -> Result<Vec<u64>, String> {
+        let merged = merge(k, parts(&weights, &hits)?)?;
+        let mut answer = Vec::with_capacity(merged.len() * HIT_WORDS);
+        for hit in &merged {
+            hit.write(&mut answer);
+        }
+        Ok(answer)
     }
 }
 
@@ -161,6 +196,33 @@ mod tests {
         assert_eq!(ids(&forward), ids(&backward));
         assert!(merge(0, vec![part(0, &[(1, 0.1)])]).unwrap().is_empty());
         assert!(merge(3, Vec::new()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn packed_hits_unpack_into_one_part_per_run_of_a_child() {
+        let mut words = Vec::new();
+        for (child, id, distance) in [(0, 1, 0.1), (0, 2, 0.2), (3, 9, 0.05)] {
+            Hit { id, distance }.write_part(child, &mut words);
+        }
+        let unpacked = parts(&[0.5], &words).unwrap();
+        assert_eq!(unpacked.len(), 2);
+        assert_eq!(
+            (
+                unpacked[0].child,
+                unpacked[0].weight,
+                unpacked[0].hits.len()
+            ),
+            (0, 0.5, 2)
+        );
+        assert_eq!(
+            (
+                unpacked[1].child,
+                unpacked[1].weight,
+                unpacked[1].hits.len()
+            ),
+            (3, 1.0, 1)
+        );
+        assert!(parts(&[], &words[..3]).is_err());
     }
 
     #[test]

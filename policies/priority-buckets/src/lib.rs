@@ -5,8 +5,8 @@
 
 wit_bindgen::generate!({ world: "priority-policy", path: "../../wit" });
 
-use exports::sluice::policy::priority::{Admission, Guest};
-use sluice::policy::types::TaskMeta;
+use exports::sluice::policy::priority::Guest;
+use policy_packed::{Admission, VIEW_WORDS, View};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
@@ -56,13 +56,13 @@ impl Settings {
         })
     }
 
-    pub fn admit(&self, task: &TaskMeta) -> Admission {
-        let bucket = task.view.submitted_bucket;
+    pub fn admit(&self, task: &View) -> Admission {
+        let bucket = task.submitted_bucket;
         let factor = self.timeout_factor_milli[bucket as usize];
-        let timeout = task.view.est_exec_ms.saturating_mul(factor) / 1000;
+        let timeout = task.est_exec_ms.saturating_mul(factor) / 1000;
         Admission {
             bucket,
-            rank: task.view.seq,
+            rank: task.seq,
             attempt_timeout_ms: timeout.max(1),
         }
     }
@@ -83,9 +83,24 @@ impl Guest for Component {
         SETTINGS.get().weights.to_vec()
     }
 
-    fn admit(_now_ms: u64, tasks: Vec<TaskMeta>) -> Vec<Admission> {
+    fn admit(_now_ms: u64, tasks: Vec<u64>) -> Vec<u64> {
         let settings = SETTINGS.get();
-        tasks.iter().map(|task| settings.admit(task)).collect()
+        let mut answers = Vec::with_capacity(tasks.len() / VIEW_WORDS * 3);
+        // The host sends well-formed views; a malformed one ends the answer short, which the
+        // host counts as a fault of this policy.
+        for words in tasks.chunks_exact(VIEW_WORDS) {
+            let Ok(task) = View::read(words) else { break };
+            settings.admit(&task).write(&mut answers);
+        }
+        answers
+    }
+
+    fn admit_one(_now_ms: u64, task: (u64, u64, u64, u64, u64, u64)) -> (u64, u64, u64) {
+        match View::from_words(task) {
+            Ok(task) => SETTINGS.get().admit(&task).words(),
+            // Not an admission the host can use: it counts as a fault of this policy.
+            Err(_) => (u64::MAX, 0, 0),
+        }
     }
 }
 
@@ -96,25 +111,19 @@ export!(Component);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice::policy::types::{Bucket, TaskView};
+    use policy_packed::Bucket;
 
-    fn task(seq: u64, bucket: Bucket, est_exec_ms: u64) -> TaskMeta {
-        TaskMeta {
-            view: TaskView {
-                seq,
-                tenant: 0,
-                kind: 0,
-                bucket,
-                submitted_bucket: bucket,
-                created_ms: 0,
-                bucket_since_ms: 0,
-                attempt: 0,
-                est_exec_ms,
-            },
-            kind_name: "oct.analyze".into(),
-            tenant_name: "site-a".into(),
-            device: "scanner-1".into(),
-            labels: Vec::new(),
+    fn task(seq: u64, bucket: Bucket, est_exec_ms: u64) -> View {
+        View {
+            seq,
+            tenant: 0,
+            kind: 0,
+            bucket,
+            submitted_bucket: bucket,
+            created_ms: 0,
+            bucket_since_ms: 0,
+            attempt: 0,
+            est_exec_ms,
         }
     }
 

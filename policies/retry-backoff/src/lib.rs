@@ -4,7 +4,8 @@
 
 wit_bindgen::generate!({ world: "retry-policy", path: "../../wit" });
 
-use exports::sluice::policy::retry::{Decision, ErrorClass, Failure, Guest};
+use exports::sluice::policy::retry::Guest;
+use policy_packed::{DeadReason, Decision, ErrorClass, FAILURE_WORDS, Failure};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
@@ -50,15 +51,15 @@ impl Settings {
         random: u64,
     ) -> Decision {
         match class {
-            ErrorClass::Permanent => return Decision::Dead("permanent failure".into()),
-            ErrorClass::InvalidInput => return Decision::Dead("invalid input".into()),
+            ErrorClass::Permanent => return Decision::Dead(DeadReason::Permanent),
+            ErrorClass::InvalidInput => return Decision::Dead(DeadReason::InvalidInput),
             ErrorClass::Transient
             | ErrorClass::NodeBusy
             | ErrorClass::LeaseExpired
             | ErrorClass::Timeout => {}
         }
         if attempt >= max_attempts {
-            return Decision::Dead(format!("{attempt} of {max_attempts} attempts failed"));
+            return Decision::Dead(DeadReason::AttemptsSpent);
         }
         let doublings = attempt.saturating_sub(1).min(63);
         let ceiling = self
@@ -81,12 +82,30 @@ impl Guest for Component {
         Ok(())
     }
 
-    fn decide(_now_ms: u64, failures: Vec<Failure>) -> Vec<Decision> {
+    fn decide(_now_ms: u64, failures: Vec<u64>) -> Vec<u64> {
         let settings = SETTINGS.get();
+        // The host sends well-formed failures; a malformed one gets no answer, which the host
+        // counts as a fault of this policy.
         failures
-            .iter()
-            .map(|f| settings.decide(f.class, f.task.attempt, f.max_attempts, f.random))
+            .chunks_exact(FAILURE_WORDS)
+            .map_while(|words| Failure::read(words).ok())
+            .map(|f| {
+                settings
+                    .decide(f.class, f.task.attempt, f.max_attempts, f.random)
+                    .word()
+            })
             .collect()
+    }
+
+    fn decide_one(_now_ms: u64, failure: policy_packed::FailureWords) -> u64 {
+        match Failure::from_words(failure) {
+            Ok(f) => SETTINGS
+                .get()
+                .decide(f.class, f.task.attempt, f.max_attempts, f.random)
+                .word(),
+            // Not a decision the host can use: it counts as a fault of this policy.
+            Err(_) => u64::MAX,
+        }
     }
 }
 
@@ -101,7 +120,7 @@ mod tests {
     fn delay(decision: Decision) -> u64 {
         match decision {
             Decision::RetryAfterMs(ms) => ms,
-            Decision::Dead(reason) => panic!("dead: {reason}"),
+            Decision::Dead(reason) => panic!("dead: {}", reason.as_str()),
         }
     }
 
