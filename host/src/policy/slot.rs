@@ -199,7 +199,8 @@ impl<P: Policy> Slot<P> {
         judge: impl Fn(R) -> Result<T, String>,
     ) -> Result<Decided<T>, PolicyError> {
         self.decisions_total.fetch_add(1, Ordering::Relaxed);
-        let chain = self.chain.load_full();
+        // A guard, not a clone: no reference count is touched on this path.
+        let chain = self.chain.load();
         let mut last_fault = None;
         for (fallbacks, loaded) in chain.links.iter().enumerate() {
             if fallbacks > 0 {
