@@ -3,6 +3,15 @@
 //! the seed's fix for starved low-priority work). One step per tick: the wait counts from when
 //! the task entered its current bucket.
 
+// no_std in the component: std's runtime was half of each one's size. Native builds (the
+// tests, the host's benchmark) keep std.
+#![cfg_attr(target_arch = "wasm32", no_std)]
+
+extern crate alloc;
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
 wit_bindgen::generate!({ world: "aging-policy", path: "../../wit" });
 
 use exports::sluice::policy::aging::{Guest, Promotion};

@@ -1,32 +1,96 @@
 //! What every default policy shares: its init config, UTF-8 `name=value` lines (blank lines and
 //! `#` comments allowed), where each policy names the settings it knows and any other name is an
 //! error, so a typo fails `init` instead of silently running with a default; the slot that
-//! keeps the parsed settings between calls; and the bound on a split's children.
+//! keeps the parsed settings between calls; the bound on a split's children; and, in the
+//! wasm32 build, the allocator and panic handler of the no_std guests.
 
-use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
+#![no_std]
+
+extern crate alloc;
+#[cfg(test)]
+extern crate std;
+
+use alloc::collections::BTreeMap;
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+// memcpy, memcmp and friends come from wasi-libc, as they do for a std guest; only these pure
+// functions are linked, so the component still imports nothing.
+#[cfg(target_arch = "wasm32")]
+#[link(name = "c")]
+unsafe extern "C" {}
+
+/// The allocation entry point the component model calls to pass lists and strings in. A std
+/// guest gets it from wasi-libc (over malloc); a no_std one exports it over the Rust allocator.
+///
+/// # Safety
+/// Called only by the host's canonical ABI code, with the arguments that ABI defines.
+#[cfg(target_arch = "wasm32")]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cabi_realloc(
+    old_ptr: *mut u8,
+    old_len: usize,
+    align: usize,
+    new_len: usize,
+) -> *mut u8 {
+    use alloc::alloc::{Layout, alloc, realloc};
+    // SAFETY: the canonical ABI passes a power-of-two `align` and the size and alignment the
+    // block at `old_ptr` was allocated with, which is what `Layout` and `realloc` require.
+    let moved = unsafe {
+        if old_len == 0 {
+            if new_len == 0 {
+                return align as *mut u8;
+            }
+            alloc(Layout::from_size_align_unchecked(new_len, align))
+        } else {
+            realloc(
+                old_ptr,
+                Layout::from_size_align_unchecked(old_len, align),
+                new_len,
+            )
+        }
+    };
+    if moved.is_null() {
+        // Out of memory: a trap, which the host counts as a fault.
+        core::arch::wasm32::unreachable()
+    }
+    moved
+}
+
+/// The guests' heap: std's own wasm32 allocator.
+#[cfg(target_arch = "wasm32")]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
+/// A panic in a guest ends the call with a trap, which the host counts as a fault; there is
+/// nowhere to print a message.
+#[cfg(all(target_arch = "wasm32", not(test)))]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    core::arch::wasm32::unreachable()
+}
 
 /// A policy's settings: stored by `init`, read by every call. Each component instance has its
 /// own memory, so a `static` slot belongs to one instance.
 pub struct Slot<T> {
-    value: Mutex<Option<T>>,
+    value: spin::Mutex<Option<T>>,
 }
 
 impl<T: Clone + Default> Slot<T> {
     pub const fn new() -> Self {
         Slot {
-            value: Mutex::new(None),
+            value: spin::Mutex::new(None),
         }
     }
 
     pub fn set(&self, value: T) {
-        *self.value.lock().unwrap_or_else(PoisonError::into_inner) = Some(value);
+        *self.value.lock() = Some(value);
     }
 
     /// The settings `init` stored, or the defaults before any `init`.
     pub fn get(&self) -> T {
-        let value = self.value.lock().unwrap_or_else(PoisonError::into_inner);
-        value.clone().unwrap_or_default()
+        self.value.lock().clone().unwrap_or_default()
     }
 }
 
@@ -54,7 +118,7 @@ pub struct Config {
 impl Config {
     /// Parses `bytes`, refusing names outside `known`.
     pub fn parse(bytes: &[u8], known: &[&str]) -> Result<Config, String> {
-        let text = std::str::from_utf8(bytes).map_err(|_| "config is not UTF-8".to_string())?;
+        let text = core::str::from_utf8(bytes).map_err(|_| "config is not UTF-8".to_string())?;
         let mut values = BTreeMap::new();
         for (number, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -94,7 +158,7 @@ impl Config {
     }
 
     /// A comma-separated list, e.g. `weights=60,35,5`.
-    pub fn list_or<T: std::str::FromStr + Clone>(
+    pub fn list_or<T: core::str::FromStr + Clone>(
         &self,
         name: &str,
         default: &[T],
@@ -112,7 +176,7 @@ impl Config {
         }
     }
 
-    fn parsed_or<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T, String> {
+    fn parsed_or<T: core::str::FromStr>(&self, name: &str, default: T) -> Result<T, String> {
         match self.values.get(name) {
             None => Ok(default),
             Some(text) => text

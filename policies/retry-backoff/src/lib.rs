@@ -2,6 +2,16 @@
 //! from the host's random bits, so tasks that failed together do not return together (the
 //! seed's retry storm). Permanent and invalid-input failures are dead at once.
 
+// no_std in the component: std's runtime was half of each one's size. Native builds (the
+// tests, the host's benchmark) keep std.
+#![cfg_attr(target_arch = "wasm32", no_std)]
+
+extern crate alloc;
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
 wit_bindgen::generate!({ world: "retry-policy", path: "../../wit" });
 
 use exports::sluice::policy::retry::Guest;

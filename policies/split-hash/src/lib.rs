@@ -2,6 +2,15 @@
 //! hash modulo N is `i`. Even load on any data set, at the cost of every child scanning for its
 //! ids (seed 000's table).
 
+// no_std in the component: std's runtime was half of each one's size. Native builds (the
+// tests, the host's benchmark) keep std.
+#![cfg_attr(target_arch = "wasm32", no_std)]
+
+extern crate alloc;
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
 wit_bindgen::generate!({ world: "split-policy", path: "../../wit" });
 
 use exports::sluice::policy::split::{Guest, ShardFilter, SplitRequest, Subtask};

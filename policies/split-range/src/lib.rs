@@ -1,6 +1,15 @@
 //! Split policy by id range: `parts` children dividing [`id_min`, `id_max`) into contiguous
 //! ranges that differ in size by at most one id. Simple, and even when ids are dense.
 
+// no_std in the component: std's runtime was half of each one's size. Native builds (the
+// tests, the host's benchmark) keep std.
+#![cfg_attr(target_arch = "wasm32", no_std)]
+
+extern crate alloc;
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
 wit_bindgen::generate!({ world: "split-policy", path: "../../wit" });
 
 use exports::sluice::policy::split::{Guest, ShardFilter, SplitRequest, Subtask};

@@ -2,6 +2,15 @@
 //! `weights` lists one weight per shard. More children than `max_children` (default 256) is
 //! refused: a split too fine costs more to schedule than to run (seed 000).
 
+// no_std in the component: std's runtime was half of each one's size. Native builds (the
+// tests, the host's benchmark) keep std.
+#![cfg_attr(target_arch = "wasm32", no_std)]
+
+extern crate alloc;
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
 wit_bindgen::generate!({ world: "split-policy", path: "../../wit" });
 
 use exports::sluice::policy::split::{Guest, ShardFilter, SplitRequest, Subtask};

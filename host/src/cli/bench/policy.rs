@@ -69,10 +69,22 @@ fn measure(decisions: usize) -> anyhow::Result<()> {
                 per(wasm) / per(native).max(0.001)
             );
         };
-        report("retry-backoff", best_of(|| retry(&registry, batch, rounds))?);
-        report("priority-buckets", best_of(|| priority(&registry, batch, rounds))?);
-        report("aging-threshold", best_of(|| aging(&registry, batch, rounds))?);
-        report("merge-topk (hits)", best_of(|| merge(&registry, batch, rounds))?);
+        report(
+            "retry-backoff",
+            best_of(|| retry(&registry, batch, rounds))?,
+        );
+        report(
+            "priority-buckets",
+            best_of(|| priority(&registry, batch, rounds))?,
+        );
+        report(
+            "aging-threshold",
+            best_of(|| aging(&registry, batch, rounds))?,
+        );
+        report(
+            "merge-topk (hits)",
+            best_of(|| merge(&registry, batch, rounds))?,
+        );
     }
     Ok(())
 }
