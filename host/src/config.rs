@@ -170,11 +170,12 @@ impl ServeConfig {
         }
         let largest_body = self
             .max_batch_body_bytes
-            .max(self.max_payload_bytes + 64 * 1024);
+            .max(self.max_payload_bytes + 64 * 1024)
+            .max(self.max_policy_bytes);
         if self.inflight_body_bytes < largest_body || self.inflight_body_bytes > 4 << 30 {
             return Err(invalid(
                 "inflight_body_bytes",
-                "must hold at least the largest body (batch or single) and at most 4 GiB",
+                "must hold at least the largest body (batch, single task or policy) and at most 4 GiB",
             ));
         }
         if !(1..=1_000_000).contains(&self.queue_capacity) {
@@ -334,6 +335,10 @@ mod tests {
     fn unknown_keys_and_bad_values_are_refused() {
         assert!(toml::from_str::<FileConfig>("listen_addr = \"x\"").is_err());
         let file: FileConfig = toml::from_str("queue_capacity = 0").unwrap();
+        assert!(ServeConfig::resolve(file, Overrides::default()).is_err());
+        // The body budget must hold the largest policy upload too.
+        let file: FileConfig =
+            toml::from_str("inflight_body_bytes = 20000000\nmax_policy_bytes = 33554432").unwrap();
         assert!(ServeConfig::resolve(file, Overrides::default()).is_err());
     }
 }
