@@ -7,7 +7,7 @@ use super::checks;
 use super::instance::{
     AgingInstance, MergeInstance, PriorityInstance, RetryInstance, SplitInstance,
 };
-use policy_packed::{Bucket, ErrorClass, Failure, Hit, View};
+use policy_packed::{Bucket, ErrorClass, FAILURE_WORDS, Failure, Hit, VIEW_WORDS, View, pack};
 
 /// What every kind's instance must pass at upload.
 pub trait Conformance {
@@ -32,14 +32,6 @@ fn view(seq: u64, bucket: Bucket, since_ms: u64, attempt: u32) -> View {
     }
 }
 
-fn pack<T>(records: &[T], write: impl Fn(&T, &mut Vec<u64>)) -> Vec<u64> {
-    let mut words = Vec::new();
-    for record in records {
-        write(record, &mut words);
-    }
-    words
-}
-
 fn fault(what: &str) -> impl Fn(super::PolicyError) -> String + '_ {
     move |error| format!("{what}: {error}")
 }
@@ -50,7 +42,7 @@ impl Conformance for PriorityInstance {
         let tasks: Vec<View> = (0..12u64)
             .map(|seq| view(seq, Bucket::ALL[seq as usize % 3], NOW_MS - seq, 0))
             .collect();
-        let words = pack(&tasks, View::write);
+        let words = pack(&tasks, VIEW_WORDS, View::write);
         let admitted = self.admit(NOW_MS, &words).map_err(fault("admit"))?;
         let admitted = checks::admissions(tasks.len(), &admitted)?;
         for (task, batch) in tasks.iter().zip(&admitted) {
@@ -73,7 +65,7 @@ impl Conformance for AgingInstance {
                 view(seq, Bucket::ALL[seq as usize % 3], since, 0)
             })
             .collect();
-        let words = pack(&waiting, View::write);
+        let words = pack(&waiting, VIEW_WORDS, View::write);
         let promotions = self.age(NOW_MS, &words).map_err(fault("age"))?;
         let moves = checks::promotions(&waiting, promotions)?;
         for (index, task) in waiting.iter().enumerate() {
@@ -116,7 +108,7 @@ impl Conformance for RetryInstance {
                 }
             }
         }
-        let words = pack(&failures, Failure::write);
+        let words = pack(&failures, FAILURE_WORDS, Failure::write);
         let decisions = self.decide(NOW_MS, &words).map_err(fault("decide"))?;
         let decisions = checks::decisions(&failures, &decisions)?;
         for (failure, batch) in failures.iter().zip(&decisions) {

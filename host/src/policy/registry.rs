@@ -14,7 +14,9 @@ use super::runtime::{Kind, PolicyError, PolicyRuntime};
 use super::slot::{Chain, Decided, FaultLimit, Loaded, Slot, SlotCounters};
 use crate::model::{BUILTIN_VERSION, PolicyAction, PolicyEvent, PolicyVersion};
 use crate::store::{PolicyCatalog, StoreError};
-use policy_packed::{Admission, Bucket, Decision, FAILURE_WORDS, Failure, Hit, VIEW_WORDS, View};
+use policy_packed::{
+    Admission, Bucket, Decision, FAILURE_WORDS, Failure, Hit, VIEW_WORDS, View, pack,
+};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -605,15 +607,6 @@ impl PolicyRegistry {
             |answer| checks::merged(k, hits, answer),
         )
     }
-}
-
-/// Packs `records` of `width` words each into one list.
-fn pack<T>(records: &[T], width: usize, write: impl Fn(&T, &mut Vec<u64>)) -> Vec<u64> {
-    let mut words = Vec::with_capacity(records.len() * width);
-    for record in records {
-        write(record, &mut words);
-    }
-    words
 }
 
 fn status_of<P: Policy>(slot: &Slot<P>) -> KindStatus {

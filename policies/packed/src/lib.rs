@@ -131,6 +131,15 @@ pub fn records<T>(
     words.chunks_exact(width).map(read).collect()
 }
 
+/// Packs `records` of `width` words each into one list: the mirror of `records`.
+pub fn pack<T>(records: &[T], width: usize, write: impl Fn(&T, &mut Vec<u64>)) -> Vec<u64> {
+    let mut words = Vec::with_capacity(records.len() * width);
+    for record in records {
+        write(record, &mut words);
+    }
+    words
+}
+
 /// The admission of one task. Packed as `ADMISSION_WORDS` words: bucket code, rank (lower
 /// first inside the bucket), attempt timeout in ms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
