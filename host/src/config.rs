@@ -44,6 +44,16 @@ pub struct ServeConfig {
     pub policy_fault_window_ms: u64,
     /// The largest policy component an upload may carry.
     pub max_policy_bytes: usize,
+    /// How long a claim or a lease heartbeat holds a task.
+    pub lease_ms: u64,
+    /// A worker whose last heartbeat is older than this gets no tasks.
+    pub worker_stale_ms: u64,
+    /// How often the aging policy looks at the waiting tasks.
+    pub aging_interval_ms: u64,
+    /// On SIGTERM, how long running work may still report before the server stops.
+    pub drain_timeout_ms: u64,
+    /// The longest a claim may wait for work.
+    pub max_claim_wait_ms: u64,
 }
 
 impl Default for ServeConfig {
@@ -63,6 +73,11 @@ impl Default for ServeConfig {
             policy_max_faults: 5,
             policy_fault_window_ms: 60_000,
             max_policy_bytes: 16 * 1024 * 1024,
+            lease_ms: 30_000,
+            worker_stale_ms: 30_000,
+            aging_interval_ms: 1_000,
+            drain_timeout_ms: 90_000,
+            max_claim_wait_ms: 30_000,
         }
     }
 }
@@ -84,6 +99,11 @@ pub struct FileConfig {
     pub policy_max_faults: Option<u32>,
     pub policy_fault_window_ms: Option<u64>,
     pub max_policy_bytes: Option<usize>,
+    pub lease_ms: Option<u64>,
+    pub worker_stale_ms: Option<u64>,
+    pub aging_interval_ms: Option<u64>,
+    pub drain_timeout_ms: Option<u64>,
+    pub max_claim_wait_ms: Option<u64>,
     /// `[policies.<kind>]` tables: each policy's settings, e.g.
     /// `[policies.retry] initial_delay_ms = 300000`.
     #[serde(default)]
@@ -110,6 +130,8 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub max_payload_bytes: Option<usize>,
     pub fdatasync: Option<bool>,
+    pub lease_ms: Option<u64>,
+    pub drain_timeout_ms: Option<u64>,
     /// `kind.name=value` settings of policies; each overrides the same setting in the file.
     pub policy_settings: Vec<String>,
 }
@@ -129,6 +151,17 @@ impl ServeConfig {
                 .policy_fault_window_ms
                 .unwrap_or(defaults.policy_fault_window_ms),
             max_policy_bytes: file.max_policy_bytes.unwrap_or(defaults.max_policy_bytes),
+            lease_ms: overrides
+                .lease_ms
+                .or(file.lease_ms)
+                .unwrap_or(defaults.lease_ms),
+            worker_stale_ms: file.worker_stale_ms.unwrap_or(defaults.worker_stale_ms),
+            aging_interval_ms: file.aging_interval_ms.unwrap_or(defaults.aging_interval_ms),
+            drain_timeout_ms: overrides
+                .drain_timeout_ms
+                .or(file.drain_timeout_ms)
+                .unwrap_or(defaults.drain_timeout_ms),
+            max_claim_wait_ms: file.max_claim_wait_ms.unwrap_or(defaults.max_claim_wait_ms),
             data_dir: overrides
                 .data_dir
                 .or(file.data_dir)
@@ -201,6 +234,22 @@ impl ServeConfig {
         }
         if !(1024..=256 << 20).contains(&self.max_policy_bytes) {
             return Err(invalid("max_policy_bytes", "must be 1 KiB to 256 MiB"));
+        }
+        const DAY_MS: u64 = 86_400_000;
+        if !(100..=DAY_MS).contains(&self.lease_ms) {
+            return Err(invalid("lease_ms", "must be 100 ms to 24 h"));
+        }
+        if !(100..=DAY_MS).contains(&self.worker_stale_ms) {
+            return Err(invalid("worker_stale_ms", "must be 100 ms to 24 h"));
+        }
+        if !(10..=3_600_000).contains(&self.aging_interval_ms) {
+            return Err(invalid("aging_interval_ms", "must be 10 ms to 1 h"));
+        }
+        if self.drain_timeout_ms > DAY_MS {
+            return Err(invalid("drain_timeout_ms", "must be at most 24 h"));
+        }
+        if self.max_claim_wait_ms > 300_000 {
+            return Err(invalid("max_claim_wait_ms", "must be at most 5 min"));
         }
         Ok(())
     }

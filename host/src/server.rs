@@ -4,9 +4,10 @@
 
 use crate::api::{self, ApiLimits, AppState};
 use crate::config::ServeConfig;
-use crate::model::Limits;
+use crate::engine::EngineOptions;
+use crate::model::{Limits, State};
 use crate::policy::{
-    FaultLimit, PolicyAdmitter, PolicyError, PolicyRegistry, PolicyRuntime, RegistryError,
+    FaultLimit, PolicyDecider, PolicyError, PolicyRegistry, PolicyRuntime, RegistryError,
     RegistryOptions, RuntimeOptions,
 };
 use crate::scheduler::{Scheduler, SchedulerError, SchedulerOptions, SystemClock};
@@ -14,6 +15,7 @@ use crate::store::{SledOptions, SledStore, StoreError};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 use tokio::net::TcpListener;
 
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +34,7 @@ pub enum ServerError {
 
 pub struct Server {
     state: AppState,
+    drain_timeout: Duration,
 }
 
 impl Server {
@@ -64,12 +67,19 @@ impl Server {
         let scheduler = Scheduler::start(
             store,
             Box::new(SystemClock),
-            Arc::new(PolicyAdmitter(policies.clone())),
+            Arc::new(PolicyDecider::new(policies.clone())),
             &SchedulerOptions {
                 queue_capacity: config.queue_capacity,
+                engine: EngineOptions {
+                    lease_ms: config.lease_ms,
+                    worker_stale_ms: config.worker_stale_ms,
+                    ..EngineOptions::default()
+                },
+                aging_interval_ms: config.aging_interval_ms,
+                ..SchedulerOptions::default()
             },
         )?;
-        let limits = ApiLimits::new(
+        let mut limits = ApiLimits::new(
             Limits {
                 max_payload_bytes: config.max_payload_bytes,
             },
@@ -77,24 +87,43 @@ impl Server {
             config.inflight_body_bytes,
             config.max_policy_bytes,
         );
+        limits.max_claim_wait = Duration::from_millis(config.max_claim_wait_ms);
         Ok(Server {
             state: AppState::new(Arc::new(scheduler), policies, limits),
+            drain_timeout: Duration::from_millis(config.drain_timeout_ms),
         })
     }
 
-    /// Serves until `shutdown` resolves, then refuses new work, lets requests in flight finish,
-    /// makes everything durable and returns.
+    /// Serves until `shutdown` resolves, then drains: refuses new submissions and claims,
+    /// lets leased work report until none is left or the drain timeout passes, lets requests in
+    /// flight finish, makes everything durable and returns. Leases outlive the process: work
+    /// still out when it stops is reported to the next one, or expires there.
     pub async fn run(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         let draining = self.state.draining.clone();
+        let scheduler = self.state.scheduler.clone();
+        let drain_timeout = self.drain_timeout;
         let app = api::router(self.state.clone());
         let signal = async move {
             shutdown.await;
-            tracing::info!("shutting down: refusing new work, finishing requests in flight");
+            tracing::info!("draining: no new submissions or claims; waiting for leased work");
             draining.store(true, Ordering::Release);
+            let leased = || {
+                let snapshot = scheduler.snapshot();
+                let count = |state| snapshot.tasks_by_state.get(&state).copied().unwrap_or(0);
+                count(State::Claimed) + count(State::Running)
+            };
+            let deadline = tokio::time::Instant::now() + drain_timeout;
+            while leased() > 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tracing::info!(
+                still_leased = leased(),
+                "drain over; finishing requests in flight"
+            );
         };
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(signal)

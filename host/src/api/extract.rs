@@ -153,3 +153,22 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskIdPath {
         Ok(TaskIdPath(text.parse()?))
     }
 }
+
+/// The `{id}` of a worker route, checked like a task's names.
+pub struct WorkerIdPath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for WorkerIdPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(text) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| ApiError::InvalidRequest(rejection.body_text()))?;
+        crate::model::check_worker_id(&text)
+            .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+        Ok(WorkerIdPath(text))
+    }
+}
+
+/// A small JSON body (a heartbeat, a claim, a report without a result): 64 KiB at most.
+pub const SMALL_BODY_BYTES: usize = 64 * 1024;

@@ -3,10 +3,13 @@
 mod extract;
 mod policies;
 mod problem;
+mod reports;
 mod tasks;
+mod workers;
 
 pub use problem::{ApiError, PROBLEM_JSON, Problem};
 pub use tasks::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAY, MAX_BATCH_TASKS};
+pub use workers::{ClaimRefusal, ClaimResponse, LeaseGrant, MAX_CLAIM};
 
 use crate::model::Limits;
 use crate::policy::PolicyRegistry;
@@ -36,6 +39,8 @@ pub struct ApiLimits {
     pub inflight_body_bytes: usize,
     /// The largest policy component an upload may carry.
     pub policy_body_bytes: usize,
+    /// The longest a claim may wait for work.
+    pub max_claim_wait: Duration,
 }
 
 impl ApiLimits {
@@ -53,6 +58,7 @@ impl ApiLimits {
             body_timeout: Duration::from_secs(30),
             inflight_body_bytes,
             policy_body_bytes,
+            max_claim_wait: Duration::from_secs(30),
         }
     }
 }
@@ -86,8 +92,12 @@ impl AppState {
         }
     }
 
+    fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
     fn refuse_if_draining(&self) -> Result<(), ApiError> {
-        if self.draining.load(Ordering::Acquire) {
+        if self.is_draining() {
             Err(ApiError::Draining)
         } else {
             Ok(())
@@ -105,6 +115,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks/{id}", get(tasks::get))
         .route("/v1/tasks/{id}/events", get(tasks::events))
         .route("/v1/tasks/{id}/cancel", post(tasks::cancel))
+        .route("/v1/tasks/{id}/start", post(reports::start))
+        .route("/v1/tasks/{id}/heartbeat", post(reports::heartbeat))
+        .route("/v1/tasks/{id}/complete", post(reports::complete))
+        .route("/v1/tasks/{id}/fail", post(reports::fail))
+        .route("/v1/workers", get(workers::list))
+        .route("/v1/workers/{id}/heartbeat", post(workers::heartbeat))
+        .route("/v1/workers/{id}/claim", post(workers::claim))
+        .route("/v1/workers/{id}/reset", post(workers::reset))
+        .route("/v1/worker-events", get(workers::events))
         .route("/v1/policies", get(policies::list))
         .route(
             "/v1/policies/{kind}",

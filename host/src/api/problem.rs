@@ -46,6 +46,10 @@ pub enum ApiError {
     KeyConflict { key: String, task_id: TaskId },
     #[error("{0}")]
     InvalidTransition(String),
+    #[error("{reason}")]
+    StaleLease { task_id: TaskId, reason: String },
+    #[error("no worker `{0}`: send a heartbeat first")]
+    WorkerNotFound(String),
     #[error("the scheduler is at capacity; retry shortly")]
     Overloaded,
     #[error("the server is draining for shutdown; retry against another replica or later")]
@@ -141,6 +145,12 @@ impl ApiError {
                 "invalid-transition",
                 "Invalid transition",
             ),
+            StaleLease { .. } => (StatusCode::CONFLICT, "stale-lease", "Stale lease"),
+            WorkerNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "worker-not-found",
+                "Worker not found",
+            ),
             Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded", "Overloaded"),
             Draining => (StatusCode::SERVICE_UNAVAILABLE, "draining", "Draining"),
             PolicyKindNotFound(_) => (
@@ -176,6 +186,7 @@ impl ApiError {
         let task_id = match self {
             ApiError::TaskNotFound(id) => Some(*id),
             ApiError::KeyConflict { task_id, .. } => Some(*task_id),
+            ApiError::StaleLease { task_id, .. } => Some(*task_id),
             _ => None,
         };
         Problem {
@@ -221,6 +232,10 @@ impl From<SchedulerError> for ApiError {
             illegal @ SchedulerError::Illegal { .. } => {
                 ApiError::InvalidTransition(illegal.to_string())
             }
+            SchedulerError::StaleLease { task_id, reason } => {
+                ApiError::StaleLease { task_id, reason }
+            }
+            SchedulerError::UnknownWorker(worker) => ApiError::WorkerNotFound(worker),
             SchedulerError::Store(error) => ApiError::Internal(error.to_string()),
         }
     }

@@ -3,6 +3,7 @@
 use super::AppState;
 use super::extract::{Decoded, TaskIdPath, decode_json, decode_query, read_json};
 use super::problem::{ApiError, Problem};
+use super::workers::without_token;
 use crate::model::{Actor, Event, State, Submission, Task, TaskId, TaskSpec};
 use crate::scheduler::{SubmitResult, Submitted};
 use crate::store::ListQuery;
@@ -191,17 +192,22 @@ pub async fn get(
     Shared(state): Shared<AppState>,
     TaskIdPath(id): TaskIdPath,
 ) -> Result<Json<TaskWithPayload>, ApiError> {
-    let task = state.scheduler.task(id)?;
-    let payload = match state.scheduler.payload(id)? {
-        Some(bytes) => Some(
+    let task = without_token(state.scheduler.task(id)?);
+    let payload = stored_payload(&state, id)?;
+    Ok(Json(TaskWithPayload { task, payload }))
+}
+
+/// A task's payload as stored: JSON, passed through without re-encoding.
+pub fn stored_payload(state: &AppState, id: TaskId) -> Result<Option<Box<RawValue>>, ApiError> {
+    match state.scheduler.payload(id)? {
+        Some(bytes) => Ok(Some(
             String::from_utf8(bytes)
                 .ok()
                 .and_then(|text| RawValue::from_string(text).ok())
                 .ok_or_else(|| ApiError::Internal(format!("stored payload of {id} is not JSON")))?,
-        ),
-        None => None,
-    };
-    Ok(Json(TaskWithPayload { task, payload }))
+        )),
+        None => Ok(None),
+    }
 }
 
 #[derive(Deserialize)]
@@ -254,7 +260,7 @@ pub async fn list(
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     Ok(Json(ListResponse {
-        tasks: page.tasks,
+        tasks: page.tasks.into_iter().map(without_token).collect(),
         next_after: page.next_after,
     }))
 }
@@ -288,5 +294,6 @@ pub async fn cancel(
     Shared(state): Shared<AppState>,
     TaskIdPath(id): TaskIdPath,
 ) -> Result<Json<Task>, ApiError> {
-    Ok(Json(state.scheduler.cancel(id, Actor::api()).await?))
+    let task = state.scheduler.cancel(id, Actor::api()).await?;
+    Ok(Json(without_token(task)))
 }

@@ -24,6 +24,12 @@ pub struct ServeArgs {
     /// fdatasync after each group flush so acknowledged tasks survive power loss [default: true]
     #[arg(long, env = "SLUICE_FDATASYNC")]
     fdatasync: Option<bool>,
+    /// How long a claim or a lease heartbeat holds a task, in ms [default: 30000]
+    #[arg(long, env = "SLUICE_LEASE_MS")]
+    lease_ms: Option<u64>,
+    /// On SIGTERM or SIGINT, how long running work may still report, in ms [default: 90000]
+    #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_MS")]
+    drain_timeout_ms: Option<u64>,
     /// A policy setting, kind.name=value (e.g. retry.initial_delay_ms=100); repeatable.
     /// Overrides the same setting in the file's [policies.<kind>] table.
     #[arg(long = "policy-config")]
@@ -40,6 +46,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         listen: args.listen,
         max_payload_bytes: args.max_payload_bytes,
         fdatasync: args.fdatasync,
+        lease_ms: args.lease_ms,
+        drain_timeout_ms: args.drain_timeout_ms,
         policy_settings: args.policy_settings,
     };
     let config = ServeConfig::resolve(file, overrides)?;

@@ -3,19 +3,37 @@
 //! it never reads a clock, sleeps, spawns or touches the store, so any run can be replayed.
 //!
 //! The core plans, then learns: `plan_*` build a `Change` without altering the engine, and
-//! `apply` advances the indexes (queues, counts, event numbers) by that change. The shell
+//! `apply` advances the indexes (queues, leases, timers, counts, event numbers) by that
+//! change, reading everything it needs from the task records it writes. The shell
 //! applies each plan at once, so the next plan in the same group of requests sees it, and
 //! commits the group as one change; if that commit fails, the shell rebuilds the engine from
 //! the store, so memory never runs ahead of disk.
 
+mod aging;
+mod breaker;
+mod claims;
 mod queues;
+mod reaper;
+mod reports;
+mod timers;
+mod views;
+mod workers;
+mod wrr;
 
-pub use queues::BucketQueues;
+pub use breaker::{BreakerOptions, BreakerState};
+pub use claims::{NoClaim, Pick};
+pub use queues::{BucketQueues, Waiting};
+pub use reaper::Due;
+pub use reports::{Report, RetryDecision, Verdict, judge_report};
+pub use views::{failure as failure_view, from_bucket, to_bucket, view as task_view};
+pub use workers::WorkerView;
 
 use crate::model::{
     Actor, Admission, Event, IdGenerator, IllegalTransition, State, Submission, Task, TaskId,
+    WorkerEvent,
 };
 use crate::store::{Change, KeyRecord, NewTask, Recovery, TaskWrite};
+use workers::Workers;
 
 /// How a submission's idempotency key relates to what is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,52 +61,113 @@ pub struct Snapshot {
     pub queued_by_bucket: std::collections::BTreeMap<crate::model::Priority, usize>,
     pub illegal_transitions_total: u64,
     pub last_event_seq: u64,
+    pub workers: usize,
+    pub bucket_weights: [u32; 3],
 }
+
+/// The engine's settings: bounds and durations, all in ms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// How long a claim or a lease heartbeat holds a task.
+    pub lease_ms: u64,
+    /// A worker whose last heartbeat is older than this gets no tasks.
+    pub worker_stale_ms: u64,
+    /// A worker silent this long and holding no lease is forgotten.
+    pub forget_worker_ms: u64,
+    /// Tasks looked at per bucket to find one that fits a worker, so a claim never scans a
+    /// whole queue of tasks that need another kind of worker.
+    pub fit_scan_limit: usize,
+    /// Tasks one claim may take.
+    pub max_claim: usize,
+    pub breaker: BreakerOptions,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            lease_ms: 30_000,
+            worker_stale_ms: 30_000,
+            forget_worker_ms: 3_600_000,
+            fit_scan_limit: 256,
+            max_claim: 64,
+            breaker: BreakerOptions::default(),
+        }
+    }
+}
+
+/// The priority policy's default bucket weights: urgent, normal, low.
+pub const DEFAULT_BUCKET_WEIGHTS: [u32; 3] = [60, 35, 5];
 
 #[derive(Debug)]
 pub struct Engine {
+    options: EngineOptions,
     ids: IdGenerator,
     /// Events are numbered from 1, so `after = 0` reads the log from its start.
     next_event_seq: u64,
+    next_worker_event_seq: u64,
     queues: BucketQueues,
+    workers: Workers,
+    timers: timers::Timers,
+    wrr: wrr::SmoothWrr,
+    bucket_weights: [u32; 3],
     tasks_by_state: [u64; 12],
     illegal_transitions: u64,
 }
 
 impl Default for Engine {
     fn default() -> Self {
-        Engine {
-            ids: IdGenerator::default(),
-            next_event_seq: 1,
-            queues: BucketQueues::default(),
-            tasks_by_state: [0; 12],
-            illegal_transitions: 0,
-        }
+        Engine::new(EngineOptions::default())
     }
 }
 
 impl Engine {
+    pub fn new(options: EngineOptions) -> Self {
+        Engine {
+            options,
+            ids: IdGenerator::default(),
+            next_event_seq: 1,
+            next_worker_event_seq: 1,
+            queues: BucketQueues::default(),
+            workers: Workers::default(),
+            timers: timers::Timers::default(),
+            wrr: wrr::SmoothWrr::default(),
+            bucket_weights: DEFAULT_BUCKET_WEIGHTS,
+            tasks_by_state: [0; 12],
+            illegal_transitions: 0,
+        }
+    }
+
     /// Rebuilds the in-memory indexes from what the store holds. Returns the engine and the
     /// tasks that were durable but not yet admitted when the last process stopped.
-    pub fn recover(recovery: &Recovery) -> (Engine, Vec<TaskId>) {
+    pub fn recover(recovery: &Recovery, options: EngineOptions) -> (Engine, Vec<TaskId>) {
         let mut engine = Engine {
             ids: recovery
                 .last_task_id
                 .map(IdGenerator::resume_after)
                 .unwrap_or_default(),
             next_event_seq: recovery.last_event_seq + 1,
+            next_worker_event_seq: recovery.last_worker_event_seq + 1,
             tasks_by_state: recovery.tasks_by_state,
-            ..Engine::default()
+            ..Engine::new(options)
         };
         let mut unadmitted = Vec::new();
-        for entry in &recovery.live {
-            match entry.state {
-                State::Queued => engine.queues.push(entry.bucket, entry.id),
-                State::Created => unadmitted.push(entry.id),
-                _ => {}
+        for task in &recovery.live {
+            if task.state == State::Created {
+                unadmitted.push(task.id);
+            } else {
+                engine.index(task, None);
             }
         }
         (engine, unadmitted)
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// The weights the buckets are served by, as the priority policy last gave them.
+    pub fn set_bucket_weights(&mut self, weights: [u32; 3]) {
+        self.bucket_weights = weights;
     }
 
     pub fn queues(&self) -> &BucketQueues {
@@ -120,6 +199,8 @@ impl Engine {
                 .collect(),
             illegal_transitions_total: self.illegal_transitions,
             last_event_seq: self.next_event_seq - 1,
+            workers: self.workers.len(),
+            bucket_weights: self.bucket_weights,
         }
     }
 
@@ -155,6 +236,9 @@ impl Engine {
             updated_at_ms: now_ms,
             attempt: 0,
             state: State::Created,
+            bucket_since_ms: now_ms,
+            lease: None,
+            not_before_ms: None,
             result: None,
             error: None,
             event_seqs: Vec::new(),
@@ -201,6 +285,7 @@ impl Engine {
                 task,
             }],
             events: vec![created, admitted],
+            worker_events: Vec::new(),
         }
     }
 
@@ -214,30 +299,98 @@ impl Engine {
         actor: Actor,
         detail: Option<String>,
     ) -> Result<Change, IllegalTransition> {
-        if let Err(illegal) = task.state.check(to) {
-            self.illegal_transitions += 1;
-            tracing::warn!(task_id = %task.id, from = %illegal.from, to = %illegal.to, %actor, "illegal transition refused");
-            return Err(illegal);
-        }
+        self.plan_with(now_ms, task, &[to], actor, detail, |_| {})
+    }
+
+    /// Plans `task` through each state of `path` in turn, one event a step, after `edit`
+    /// (applied once, before the first step). The detail goes on the last step.
+    fn plan_with(
+        &mut self,
+        now_ms: u64,
+        task: &Task,
+        path: &[State],
+        actor: Actor,
+        detail: Option<String>,
+        edit: impl FnOnce(&mut Task),
+    ) -> Result<Change, IllegalTransition> {
         let mut after = task.clone();
-        after.state = to;
+        edit(&mut after);
         after.updated_at_ms = now_ms;
-        let event = self.event(0, task.id, Some(task.state), to, actor, now_ms, detail);
-        after.event_seqs.push(event.seq);
+        let mut events = Vec::with_capacity(path.len());
+        let mut from = task.state;
+        for (offset, &to) in (0u64..).zip(path) {
+            if let Err(illegal) = from.check(to) {
+                self.illegal_transitions += 1;
+                tracing::warn!(task_id = %task.id, from = %illegal.from, to = %illegal.to, %actor, "illegal transition refused");
+                return Err(illegal);
+            }
+            let last = offset + 1 == path.len() as u64;
+            let step_detail = if last { detail.clone() } else { None };
+            events.push(self.event(
+                offset,
+                task.id,
+                Some(from),
+                to,
+                actor.clone(),
+                now_ms,
+                step_detail,
+            ));
+            from = to;
+        }
+        after.state = from;
+        after.event_seqs.extend(events.iter().map(|e| e.seq));
         Ok(Change {
             new_tasks: Vec::new(),
             writes: vec![TaskWrite {
                 previous: Some(task.state),
                 task: after,
             }],
-            events: vec![event],
+            events,
+            worker_events: Vec::new(),
         })
+    }
+
+    /// Plans a record of something that happened to `task` without changing its state: a
+    /// promotion, a refused report. The event goes from the state to itself.
+    fn plan_note(
+        &self,
+        now_ms: u64,
+        task: &Task,
+        actor: Actor,
+        detail: String,
+        edit: impl FnOnce(&mut Task),
+    ) -> Change {
+        let mut after = task.clone();
+        edit(&mut after);
+        after.updated_at_ms = now_ms;
+        let event = self.event(
+            0,
+            task.id,
+            Some(task.state),
+            task.state,
+            actor,
+            now_ms,
+            Some(detail),
+        );
+        after.event_seqs.push(event.seq);
+        Change {
+            new_tasks: Vec::new(),
+            writes: vec![TaskWrite {
+                previous: Some(task.state),
+                task: after,
+            }],
+            events: vec![event],
+            worker_events: Vec::new(),
+        }
     }
 
     /// Learns a planned change: the next plan builds on it.
     pub fn apply(&mut self, change: &Change) {
         if let Some(last) = change.events.last() {
             self.next_event_seq = last.seq + 1;
+        }
+        if let Some(last) = change.worker_events.last() {
+            self.next_worker_event_seq = last.seq + 1;
         }
         for new in &change.new_tasks {
             self.ids = IdGenerator::resume_after(new.id.max(self.ids.last()));
@@ -246,14 +399,54 @@ impl Engine {
             let task = &write.task;
             if let Some(previous) = write.previous {
                 self.tasks_by_state[usize::from(previous.code())] -= 1;
-                if previous == State::Queued {
-                    self.queues.remove(task.id);
-                }
             }
             self.tasks_by_state[usize::from(task.state.code())] += 1;
-            if task.state == State::Queued {
-                self.queues.push(task.bucket, task.id);
+            self.index(task, write.previous);
+        }
+    }
+
+    /// Moves `task` in the indexes: its queue entry, its worker's lease, its timer.
+    fn index(&mut self, task: &Task, previous: Option<State>) {
+        let leased = |state: Option<State>| matches!(state, Some(State::Claimed | State::Running));
+        if task.state == State::Queued {
+            self.queues.push(Waiting::of(task));
+        } else if previous == Some(State::Queued) {
+            self.queues.remove(task.id);
+        }
+        if let Some(lease) = &task.lease {
+            if leased(Some(task.state)) {
+                self.workers.hold(&lease.worker, task.id, lease.gpu);
+                if previous == Some(State::Queued) {
+                    let worker = self.workers.entry(&lease.worker);
+                    worker.claims_served += 1;
+                    worker.breaker.probing(task.id);
+                }
+            } else if leased(previous) {
+                self.workers.release(&lease.worker, task.id);
             }
+        }
+        self.timers.set(task.id, timers::due_at(task));
+    }
+
+    /// Numbers a breaker change as the next worker event. Breakers live only in memory, so
+    /// their changes are made at once; the event must go into the change being planned.
+    fn log_worker_event(
+        &mut self,
+        now_ms: u64,
+        worker: &str,
+        actor: Actor,
+        change: breaker::BreakerChange,
+    ) -> WorkerEvent {
+        let seq = self.next_worker_event_seq;
+        self.next_worker_event_seq += 1;
+        WorkerEvent {
+            seq,
+            worker: worker.to_owned(),
+            at_ms: now_ms,
+            from: change.from.to_owned(),
+            to: change.to.to_owned(),
+            reason: change.reason,
+            actor,
         }
     }
 
@@ -280,5 +473,9 @@ impl Engine {
     }
 }
 
+#[cfg(test)]
+mod dispatch_tests;
+#[cfg(test)]
+mod sim;
 #[cfg(test)]
 mod tests;

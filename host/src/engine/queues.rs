@@ -1,42 +1,80 @@
-//! Bucket queues: the tasks waiting in each priority bucket, in arrival order.
+//! Bucket queues: the tasks waiting in each priority bucket in (rank, id) order, each with
+//! what a claim needs to match it to a worker and what the aging policy reads of it.
 
-use crate::model::{Priority, TaskId};
-use std::collections::{BTreeSet, HashMap};
+use crate::model::{Priority, Task, TaskId};
+use policy_packed::View;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// A queued task as the dispatcher sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub id: TaskId,
+    pub bucket: Priority,
+    pub rank: u64,
+    pub gpu_memory_mb: u64,
+    /// Labels the worker must carry, each with the same value.
+    pub labels: BTreeMap<String, String>,
+    pub view: View,
+}
+
+impl Waiting {
+    pub fn of(task: &Task) -> Waiting {
+        Waiting {
+            id: task.id,
+            bucket: task.bucket,
+            rank: task.rank,
+            gpu_memory_mb: task.resources.gpu_memory_mb,
+            labels: task.labels.clone(),
+            view: super::views::view(task),
+        }
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct BucketQueues {
-    buckets: [BTreeSet<TaskId>; 3],
-    bucket_of: HashMap<TaskId, Priority>,
+    order: [BTreeSet<(u64, TaskId)>; 3],
+    waiting: HashMap<TaskId, Waiting>,
 }
 
 impl BucketQueues {
-    pub fn push(&mut self, bucket: Priority, id: TaskId) {
-        if let Some(old) = self.bucket_of.insert(id, bucket) {
-            self.buckets[old.index()].remove(&id);
-        }
-        self.buckets[bucket.index()].insert(id);
+    /// Queues `entry`, replacing the same task's entry if it was already waiting.
+    pub fn push(&mut self, entry: Waiting) {
+        self.remove(entry.id);
+        self.order[entry.bucket.index()].insert((entry.rank, entry.id));
+        self.waiting.insert(entry.id, entry);
     }
 
-    pub fn remove(&mut self, id: TaskId) -> Option<Priority> {
-        let bucket = self.bucket_of.remove(&id)?;
-        self.buckets[bucket.index()].remove(&id);
-        Some(bucket)
+    pub fn remove(&mut self, id: TaskId) -> Option<Waiting> {
+        let entry = self.waiting.remove(&id)?;
+        self.order[entry.bucket.index()].remove(&(entry.rank, entry.id));
+        Some(entry)
+    }
+
+    pub fn get(&self, id: TaskId) -> Option<&Waiting> {
+        self.waiting.get(&id)
     }
 
     pub fn len(&self, bucket: Priority) -> usize {
-        self.buckets[bucket.index()].len()
+        self.order[bucket.index()].len()
     }
 
     pub fn total(&self) -> usize {
-        self.bucket_of.len()
+        self.waiting.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.bucket_of.is_empty()
+        self.waiting.is_empty()
     }
 
-    /// The oldest task waiting in `bucket`.
+    /// The first task waiting in `bucket`.
     pub fn front(&self, bucket: Priority) -> Option<TaskId> {
-        self.buckets[bucket.index()].first().copied()
+        self.order[bucket.index()].first().map(|&(_, id)| id)
+    }
+
+    /// The tasks of `bucket`, first in line first.
+    pub fn iter(&self, bucket: Priority) -> impl Iterator<Item = &Waiting> {
+        self.order[bucket.index()]
+            .iter()
+            .filter_map(|(_, id)| self.waiting.get(id))
     }
 }

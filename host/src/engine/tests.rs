@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::model::{Limits, Priority, TaskSpec};
-use crate::store::LiveEntry;
 
 fn submission(kind: &str, priority: Priority, key: Option<&str>) -> Submission {
     let spec: TaskSpec = serde_json::from_value(serde_json::json!({
@@ -99,45 +98,47 @@ fn the_key_verdict_tells_new_replay_and_conflict_apart() {
 }
 
 #[test]
-fn recovery_rebuilds_queues_and_numbering_from_the_index() {
-    let ids: Vec<TaskId> = (1..=4).map(|n| TaskId::from_u128(n << 80)).collect();
-    let mut recovery = Recovery {
+fn recovery_rebuilds_queues_leases_and_numbering_from_the_live_tasks() {
+    let mut source = Engine::default();
+    let normal = create(&mut source, 1, 1, Priority::Normal);
+    let mut unadmitted = create(&mut source, 2, 2, Priority::Normal);
+    unadmitted.state = State::Created;
+    let urgent = create(&mut source, 3, 3, Priority::Urgent);
+    let mut running = create(&mut source, 4, 4, Priority::Low);
+    running.state = State::Running;
+    running.lease = Some(crate::model::Lease {
+        worker: "gpu-7".into(),
+        token: "t".into(),
+        attempt: 1,
+        expires_at_ms: 50_000,
+        attempt_ends_at_ms: 90_000,
+        gpu: None,
+    });
+    let recovery = Recovery {
         last_event_seq: 41,
-        last_task_id: Some(ids[3]),
+        last_task_id: Some(running.id),
+        live: vec![
+            normal.clone(),
+            unadmitted.clone(),
+            urgent.clone(),
+            running.clone(),
+        ],
         ..Recovery::default()
     };
-    recovery.live = vec![
-        LiveEntry {
-            id: ids[0],
-            state: State::Queued,
-            bucket: Priority::Normal,
-        },
-        LiveEntry {
-            id: ids[1],
-            state: State::Created,
-            bucket: Priority::Normal,
-        },
-        LiveEntry {
-            id: ids[2],
-            state: State::Queued,
-            bucket: Priority::Urgent,
-        },
-        LiveEntry {
-            id: ids[3],
-            state: State::Running,
-            bucket: Priority::Low,
-        },
-    ];
-    let (engine, unadmitted) = Engine::recover(&recovery);
-    assert_eq!(unadmitted, [ids[1]]);
-    assert_eq!(engine.queues().front(Priority::Normal), Some(ids[0]));
-    assert_eq!(engine.queues().front(Priority::Urgent), Some(ids[2]));
+    let (engine, pending) = Engine::recover(&recovery, EngineOptions::default());
+    assert_eq!(pending, [unadmitted.id]);
+    assert_eq!(engine.queues().front(Priority::Normal), Some(normal.id));
+    assert_eq!(engine.queues().front(Priority::Urgent), Some(urgent.id));
     assert_eq!(engine.queues().total(), 2);
+    // The recovered lease is held by its worker and expires on time.
+    assert_eq!(engine.workers(0)[0].leases, 1);
+    assert_eq!(engine.due(49_999, 10), []);
+    assert_eq!(engine.due(50_000, 10), [running.id]);
     let submitted = submission("k", Priority::Low, None);
     let change = engine.plan_create(0, 0, &submitted, &submitted.native_admission(0));
     assert_eq!(change.events[0].seq, 42);
     assert!(
-        change.writes[0].task.id > ids[3],
+        change.writes[0].task.id > running.id,
         "ids keep growing even with a clock behind them"
     );
 }

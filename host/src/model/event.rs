@@ -27,6 +27,10 @@ impl Actor {
         Actor(format!("device:{device}"))
     }
 
+    pub fn worker(worker: &str) -> Self {
+        Actor(format!("worker:{worker}"))
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -1,15 +1,18 @@
 //! The task model: identifiers, priorities, the state machine table, task records, events and
-//! submissions; and the records of policy versions.
+//! submissions; workers' heartbeats; and the records of policy versions.
 
 mod event;
+mod failure;
 mod id;
 mod policy;
 mod priority;
 mod spec;
 mod state;
 mod task;
+mod worker;
 
 pub use event::{Actor, Event};
+pub use failure::FailureClass;
 pub use id::{IdError, IdGenerator, TaskId};
 pub use policy::{
     BUILTIN_VERSION, PolicyAction, PolicyEvent, PolicyKind, PolicyVersion, UnknownKind,
@@ -17,4 +20,5 @@ pub use policy::{
 pub use priority::Priority;
 pub use spec::{Limits, Resources, Submission, TaskSpec, ValidationError};
 pub use state::{IllegalTransition, State};
-pub use task::{Admission, Task, TaskError};
+pub use task::{Admission, Lease, Task, TaskError};
+pub use worker::{Gpu, Heartbeat, WorkerEvent, check_worker_id};

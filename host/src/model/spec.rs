@@ -91,14 +91,14 @@ pub enum ValidationError {
     PayloadTooLarge { size: usize, limit: usize },
 }
 
-fn field(field: &'static str, reason: impl Into<String>) -> ValidationError {
+pub(super) fn field(field: &'static str, reason: impl Into<String>) -> ValidationError {
     ValidationError::Field {
         field,
         reason: reason.into(),
     }
 }
 
-fn check_name(name: &'static str, value: &str) -> Result<(), ValidationError> {
+pub(super) fn check_name(name: &'static str, value: &str) -> Result<(), ValidationError> {
     if value.is_empty() || value.len() > MAX_NAME_LEN {
         return Err(field(name, format!("must be 1 to {MAX_NAME_LEN} bytes")));
     }

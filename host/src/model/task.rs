@@ -47,6 +47,16 @@ pub struct Task {
     pub updated_at_ms: u64,
     pub attempt: u32,
     pub state: State,
+    /// When it entered its current bucket (admission or its last promotion), for aging.
+    #[serde(default)]
+    pub bucket_since_ms: u64,
+    /// The lease of the current attempt while Claimed or Running; after that, the last
+    /// attempt's, so that a repeated report can be told from a stale one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
+    /// While in RetryWait: when it goes back to its queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -54,6 +64,21 @@ pub struct Task {
     /// The `seq` of each of its events, oldest first: the index from a task into the log.
     #[serde(default)]
     pub event_seqs: Vec<u64>,
+}
+
+/// One attempt's hold on a task: only reports carrying `token` count, and only until
+/// `expires_at_ms` (which heartbeats push back, never past `attempt_ends_at_ms`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub worker: String,
+    pub token: String,
+    pub attempt: u32,
+    pub expires_at_ms: u64,
+    /// Claim time plus the attempt timeout: past it the attempt fails as `timeout`.
+    pub attempt_ends_at_ms: u64,
+    /// The worker's GPU this attempt occupies, by index in its heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
 }
 
 /// Where a task waits and for how long one attempt may run: the priority policy's answer at

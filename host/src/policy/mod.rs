@@ -3,18 +3,18 @@
 //! deadline per call, so a bad module can neither take the host down nor slow it without bound;
 //! and the registry that validates, stores, activates and rolls back versions of them.
 
-mod admission;
 pub mod bindings;
 pub mod checks;
 mod conformance;
+mod decider;
 pub mod defaults;
 mod instance;
 mod registry;
 mod runtime;
 mod slot;
 
-pub use admission::PolicyAdmitter;
 pub use conformance::Conformance;
+pub use decider::PolicyDecider;
 pub use instance::{
     AgingInstance, MergeInstance, Policy, PriorityInstance, RetryInstance, SplitInstance,
 };

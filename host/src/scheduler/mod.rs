@@ -6,16 +6,19 @@
 //! them to the deterministic engine. A request is answered only after the flusher's next
 //! `sync` (flush + fdatasync) covers its write, and one `sync` covers every write before it.
 
-mod admission;
 mod clock;
+mod decider;
+mod dispatch;
 mod flusher;
 mod writer;
 
-pub use admission::{Admitter, NativeAdmitter};
 pub use clock::{Clock, SystemClock};
+pub use decider::{Decided, Decider, NativeDecider, to_retry_decision};
 
-use crate::engine::{Engine, Snapshot};
-use crate::model::{Actor, IllegalTransition, State, Submission, Task, TaskId};
+use crate::engine::{Engine, EngineOptions, NoClaim, Report, Snapshot, WorkerView};
+use crate::model::{
+    Actor, Heartbeat, IllegalTransition, State, Submission, Task, TaskId, WorkerEvent,
+};
 use crate::store::{ListPage, ListQuery, Store, StoreError};
 use arc_swap::ArcSwap;
 use std::sync::{Arc, Mutex};
@@ -40,6 +43,10 @@ pub enum SchedulerError {
         state: State,
         source: IllegalTransition,
     },
+    #[error("report refused for task {task_id}: {reason}")]
+    StaleLease { task_id: TaskId, reason: String },
+    #[error("no worker {0}: it has never sent a heartbeat, or was forgotten")]
+    UnknownWorker(String),
     #[error(transparent)]
     Store(#[from] Arc<StoreError>),
 }
@@ -59,16 +66,31 @@ pub struct Submitted {
 
 pub type SubmitResult = Result<Submitted, SchedulerError>;
 
+/// A claim's answer: the leased tasks (their records carry the leases), or why there are none.
+#[derive(Clone, Debug, Default)]
+pub struct Claimed {
+    pub leases: Vec<Task>,
+    pub refused: Option<NoClaim>,
+}
+
 #[derive(Clone, Debug)]
 pub struct SchedulerOptions {
     /// Requests waiting for the writer at most; past it, submissions are refused as overloaded.
     pub queue_capacity: usize,
+    pub engine: EngineOptions,
+    /// How often the reaper looks at the timers.
+    pub tick_ms: u64,
+    /// How often the aging policy sees the waiting tasks, and bucket weights are refreshed.
+    pub aging_interval_ms: u64,
 }
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
         SchedulerOptions {
             queue_capacity: 4096,
+            engine: EngineOptions::default(),
+            tick_ms: 100,
+            aging_interval_ms: 1_000,
         }
     }
 }
@@ -83,6 +105,32 @@ pub(crate) enum Command {
         actor: Actor,
         reply: oneshot::Sender<Result<Task, SchedulerError>>,
     },
+    Heartbeat {
+        worker: String,
+        heartbeat: Heartbeat,
+        reply: oneshot::Sender<Vec<WorkerView>>,
+    },
+    Claim {
+        worker: String,
+        max: usize,
+        reply: oneshot::Sender<Result<Claimed, SchedulerError>>,
+    },
+    Report {
+        id: TaskId,
+        token: String,
+        report: Report,
+        reply: oneshot::Sender<Result<Task, SchedulerError>>,
+    },
+    ResetWorker {
+        worker: String,
+        actor: Actor,
+        reply: oneshot::Sender<Result<Vec<WorkerView>, SchedulerError>>,
+    },
+    Workers {
+        reply: oneshot::Sender<Vec<WorkerView>>,
+    },
+    /// Time has passed: run what is due, and age the queues when their interval has passed.
+    Tick,
     Shutdown,
 }
 
@@ -91,6 +139,8 @@ pub struct Scheduler {
     store: Arc<dyn Store>,
     /// The engine's state as of the writer's last group.
     snapshot: Arc<ArcSwap<Snapshot>>,
+    /// Woken whenever tasks join a queue, for claims that wait for work.
+    work_queued: Arc<tokio::sync::Notify>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -100,11 +150,12 @@ impl Scheduler {
     pub fn start(
         store: Arc<dyn Store>,
         clock: Box<dyn Clock>,
-        admitter: Arc<dyn Admitter>,
+        decider: Arc<dyn Decider>,
         options: &SchedulerOptions,
     ) -> Result<Scheduler, SchedulerError> {
         let recovery = store.recover()?;
-        let (engine, unadmitted) = Engine::recover(&recovery);
+        let (mut engine, unadmitted) = Engine::recover(&recovery, options.engine.clone());
+        engine.set_bucket_weights(decider.bucket_weights(clock.now_ms()));
         tracing::info!(
             tasks = recovery.tasks_by_state.iter().sum::<u64>(),
             queued = engine.queues().total(),
@@ -115,13 +166,16 @@ impl Scheduler {
         let (commands, inbox) = mpsc::channel(options.queue_capacity.max(1));
         let (flush_tx, flush_rx) = std::sync::mpsc::sync_channel(options.queue_capacity.max(1));
         let snapshot = Arc::new(ArcSwap::from_pointee(engine.snapshot()));
+        let work_queued = Arc::new(tokio::sync::Notify::new());
         let mut writer = writer::Writer::new(
             engine,
             store.clone(),
             clock,
-            admitter,
+            decider,
             flush_tx,
             snapshot.clone(),
+            work_queued.clone(),
+            options.aging_interval_ms,
         );
         writer.admit_recovered(&unadmitted)?;
         let flusher_store = store.clone();
@@ -131,11 +185,26 @@ impl Scheduler {
         let writer = std::thread::Builder::new()
             .name("sluice-writer".into())
             .spawn(move || writer.run(inbox))?;
+        let ticks = commands.clone();
+        let tick = std::time::Duration::from_millis(options.tick_ms.max(1));
+        let ticker = std::thread::Builder::new()
+            .name("sluice-ticker".into())
+            .spawn(move || {
+                // A full queue skips a tick (the next one catches up); a closed one ends it.
+                loop {
+                    std::thread::sleep(tick);
+                    if let Err(mpsc::error::TrySendError::Closed(_)) = ticks.try_send(Command::Tick)
+                    {
+                        break;
+                    }
+                }
+            })?;
         Ok(Scheduler {
             commands,
             store,
             snapshot,
-            threads: Mutex::new(vec![writer, flusher]),
+            work_queued,
+            threads: Mutex::new(vec![writer, flusher, ticker]),
         })
     }
 
@@ -159,6 +228,79 @@ impl Scheduler {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Cancel { id, actor, reply })?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
+    /// Registers or refreshes a worker; answers with its view.
+    pub async fn heartbeat(
+        &self,
+        worker: String,
+        heartbeat: Heartbeat,
+    ) -> Result<Vec<WorkerView>, SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Heartbeat {
+            worker,
+            heartbeat,
+            reply,
+        })?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)
+    }
+
+    /// Leases up to `max` tasks to `worker` at once, or says why it gets none.
+    pub async fn claim(&self, worker: String, max: usize) -> Result<Claimed, SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Claim { worker, max, reply })?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
+    /// Resolves when tasks join a queue. Create it before a claim that may come back empty,
+    /// so a task queued in between is not missed.
+    pub fn work_queued(&self) -> Arc<tokio::sync::Notify> {
+        self.work_queued.clone()
+    }
+
+    /// A worker's report on the attempt whose lease `token` names.
+    pub async fn report(
+        &self,
+        id: TaskId,
+        token: String,
+        report: Report,
+    ) -> Result<Task, SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Report {
+            id,
+            token,
+            report,
+            reply,
+        })?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
+    pub async fn reset_worker(
+        &self,
+        worker: String,
+        actor: Actor,
+    ) -> Result<Vec<WorkerView>, SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::ResetWorker {
+            worker,
+            actor,
+            reply,
+        })?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
+    pub async fn workers(&self) -> Result<Vec<WorkerView>, SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Workers { reply })?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)
+    }
+
+    pub fn worker_events(
+        &self,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<WorkerEvent>, SchedulerError> {
+        Ok(self.store.worker_events(after_seq, limit)?)
     }
 
     /// Counts by state and bucket, illegal transitions refused, the last event number.

@@ -53,6 +53,13 @@ impl Store for FlakyStore {
     fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         self.inner.list(query)
     }
+    fn worker_events(
+        &self,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::model::WorkerEvent>, StoreError> {
+        self.inner.worker_events(after_seq, limit)
+    }
     fn recover(&self) -> Result<Recovery, StoreError> {
         self.inner.recover()
     }
@@ -69,7 +76,7 @@ fn start(store: Arc<dyn Store>) -> Scheduler {
     Scheduler::start(
         store,
         Box::new(FixedClock(1_000)),
-        Arc::new(super::NativeAdmitter),
+        Arc::new(super::NativeDecider::default()),
         &SchedulerOptions::default(),
     )
     .unwrap()

@@ -4,7 +4,7 @@
 //! the group's answers to the flusher.
 
 use super::flusher::Delivery;
-use super::{Admitter, Clock, Command, SchedulerError, SubmitResult, Submitted};
+use super::{Clock, Command, Decider, SchedulerError, SubmitResult, Submitted};
 use crate::engine::{Engine, KeyVerdict, Snapshot, judge_key};
 use crate::model::{Actor, Admission, State, Submission, Task, TaskId, TaskSpec};
 use crate::store::{Change, KeyRecord, Store, StoreError};
@@ -26,8 +26,8 @@ const MAX_GROUP_PAYLOAD_BYTES: usize = 8 << 20;
 
 /// What a group has planned but not yet committed, and the answers waiting on it.
 #[derive(Default)]
-struct Group {
-    change: Change,
+pub(super) struct Group {
+    pub(super) change: Change,
     keys: HashMap<String, KeyRecord>,
     /// Where each task's latest write sits in `change.writes`.
     latest_write: HashMap<TaskId, usize>,
@@ -41,7 +41,11 @@ impl Group {
     }
 
     /// Queues an answer, to be sent once a sync covers this group's commit.
-    fn answer<T: Durable + Send + 'static>(&mut self, reply: oneshot::Sender<T>, answer: T) {
+    pub(super) fn answer<T: Durable + Send + 'static>(
+        &mut self,
+        reply: oneshot::Sender<T>,
+        answer: T,
+    ) {
         self.deliveries.push(Box::new(move |synced| {
             let _ = reply.send(match synced {
                 Ok(()) => answer,
@@ -52,32 +56,41 @@ impl Group {
 }
 
 pub(crate) struct Writer {
-    engine: Engine,
+    pub(super) engine: Engine,
     store: Arc<dyn Store>,
-    clock: Box<dyn Clock>,
-    admitter: Arc<dyn Admitter>,
-    random: SmallRng,
+    pub(super) clock: Box<dyn Clock>,
+    pub(super) decider: Arc<dyn Decider>,
+    pub(super) random: SmallRng,
     flusher: SyncSender<Delivery>,
     snapshot: Arc<ArcSwap<Snapshot>>,
+    work_queued: Arc<tokio::sync::Notify>,
+    pub(super) aging_interval_ms: u64,
+    pub(super) next_aging_ms: u64,
 }
 
 impl Writer {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         engine: Engine,
         store: Arc<dyn Store>,
         clock: Box<dyn Clock>,
-        admitter: Arc<dyn Admitter>,
+        decider: Arc<dyn Decider>,
         flusher: SyncSender<Delivery>,
         snapshot: Arc<ArcSwap<Snapshot>>,
+        work_queued: Arc<tokio::sync::Notify>,
+        aging_interval_ms: u64,
     ) -> Self {
         Writer {
             engine,
             store,
             clock,
-            admitter,
+            decider,
             random: SmallRng::from_os_rng(),
             flusher,
             snapshot,
+            work_queued,
+            aging_interval_ms,
+            next_aging_ms: 0,
         }
     }
 
@@ -110,7 +123,7 @@ impl Writer {
                 // is simply not used.
                 let specs: Vec<&TaskSpec> = submissions.iter().map(|s| &s.spec).collect();
                 let admissions =
-                    self.admitter
+                    self.decider
                         .admit(self.clock.now_ms(), self.engine.next_event_seq(), &specs);
                 let results: Vec<SubmitResult> = submissions
                     .into_iter()
@@ -131,11 +144,62 @@ impl Writer {
                 group.answer(reply, result);
                 true
             }
+            Command::Heartbeat {
+                worker,
+                heartbeat,
+                reply,
+            } => {
+                let now_ms = self.clock.now_ms();
+                self.engine.heartbeat(now_ms, &worker, heartbeat);
+                let view = self.engine.worker(now_ms, &worker);
+                let _ = reply.send(view.into_iter().collect());
+                true
+            }
+            Command::Claim { worker, max, reply } => {
+                let answer = self.claim(&worker, max, group);
+                group.answer(reply, answer);
+                true
+            }
+            Command::Report {
+                id,
+                token,
+                report,
+                reply,
+            } => {
+                let answer = self.report(id, &token, report, group);
+                group.answer(reply, answer);
+                true
+            }
+            Command::ResetWorker {
+                worker,
+                actor,
+                reply,
+            } => {
+                let answer = self.reset_worker(&worker, actor, group);
+                group.answer(reply, answer);
+                true
+            }
+            Command::Workers { reply } => {
+                let _ = reply.send(self.engine.workers(self.clock.now_ms()));
+                true
+            }
+            Command::Tick => {
+                self.tick(group);
+                true
+            }
             Command::Shutdown => false,
         }
     }
 
     fn finish(&mut self, group: Group) {
+        let queued = group
+            .change
+            .writes
+            .iter()
+            .any(|write| write.task.state == State::Queued);
+        if queued {
+            self.work_queued.notify_waiters();
+        }
         let committed = if group.change.is_empty() {
             Ok(())
         } else {
@@ -169,7 +233,12 @@ impl Writer {
     /// After a failed commit the engine is ahead of the store: rebuild it from the store.
     fn resync(&mut self) {
         match self.store.recover() {
-            Ok(recovery) => self.engine = Engine::recover(&recovery).0,
+            Ok(recovery) => {
+                let options = self.engine.options().clone();
+                let mut engine = Engine::recover(&recovery, options).0;
+                engine.set_bucket_weights(self.engine.snapshot().bucket_weights);
+                self.engine = engine;
+            }
             Err(error) => tracing::error!(%error, "cannot re-read the store after a failed commit"),
         }
     }
@@ -250,7 +319,7 @@ impl Writer {
     }
 
     /// The task as the group sees it: its latest planned write, or else the store's record.
-    fn task(&self, id: TaskId, group: &Group) -> Result<Task, SchedulerError> {
+    pub(super) fn task(&self, id: TaskId, group: &Group) -> Result<Task, SchedulerError> {
         if let Some(&index) = group.latest_write.get(&id) {
             return Ok(group.change.writes[index].task.clone());
         }
@@ -259,7 +328,7 @@ impl Writer {
 
     /// Adds a planned change to the group and teaches it to the engine; returns the task the
     /// change writes first (the one a request asked about).
-    fn plan(&mut self, change: Change, group: &mut Group) -> Task {
+    pub(super) fn plan(&mut self, change: Change, group: &mut Group) -> Task {
         self.engine.apply(&change);
         let first_write = group.change.writes.len();
         for (offset, write) in change.writes.iter().enumerate() {

@@ -9,6 +9,15 @@ pub const KEY: u8 = b'k';
 /// `g | first seq`: a block of the event log.
 pub const BLOCK: u8 = b'g';
 pub const STATE: u8 = b's';
+/// `w | seq`: an entry of the worker log.
+pub const WORKER_EVENT: u8 = b'w';
+
+pub fn worker_event(seq: u64) -> [u8; 9] {
+    let mut out = [0; 9];
+    out[0] = WORKER_EVENT;
+    out[1..].copy_from_slice(&seq.to_be_bytes());
+    out
+}
 
 pub fn task(id: TaskId) -> [u8; 17] {
     prefixed(TASK, id)

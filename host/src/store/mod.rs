@@ -14,7 +14,9 @@ mod sled_store;
 
 pub use sled_store::{SledOptions, SledStore};
 
-use crate::model::{Event, PolicyEvent, PolicyKind, PolicyVersion, Priority, State, Task, TaskId};
+use crate::model::{
+    Event, PolicyEvent, PolicyKind, PolicyVersion, State, Task, TaskId, WorkerEvent,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -61,11 +63,16 @@ pub struct Change {
     pub writes: Vec<TaskWrite>,
     /// Consecutive `seq`s, in order.
     pub events: Vec<Event>,
+    /// The worker log's entries, consecutive `seq`s of their own, in order.
+    pub worker_events: Vec<WorkerEvent>,
 }
 
 impl Change {
     pub fn is_empty(&self) -> bool {
-        self.new_tasks.is_empty() && self.writes.is_empty() && self.events.is_empty()
+        self.new_tasks.is_empty()
+            && self.writes.is_empty()
+            && self.events.is_empty()
+            && self.worker_events.is_empty()
     }
 
     /// Appends `later`, which was planned after everything already here.
@@ -73,25 +80,20 @@ impl Change {
         self.new_tasks.extend(later.new_tasks);
         self.writes.extend(later.writes);
         self.events.extend(later.events);
+        self.worker_events.extend(later.worker_events);
     }
-}
-
-/// A task that is not yet terminal, as the state index holds it: enough to rebuild the
-/// in-memory queues at start without decoding every record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LiveEntry {
-    pub id: TaskId,
-    pub state: State,
-    pub bucket: Priority,
 }
 
 /// What a store knows at start.
 #[derive(Clone, Debug, Default)]
 pub struct Recovery {
     pub last_event_seq: u64,
+    pub last_worker_event_seq: u64,
     pub last_task_id: Option<TaskId>,
     pub tasks_by_state: [u64; 12],
-    pub live: Vec<LiveEntry>,
+    /// Every task not yet terminal, in id order: the engine rebuilds its queues, leases and
+    /// timers from them.
+    pub live: Vec<Task>,
 }
 
 /// A page request over tasks, in id order (so, arrival order).
@@ -133,6 +135,8 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Option<Vec<Event>>, StoreError>;
     fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError>;
+    /// The worker log after `after_seq`, oldest first, at most `limit`.
+    fn worker_events(&self, after_seq: u64, limit: usize) -> Result<Vec<WorkerEvent>, StoreError>;
     fn recover(&self) -> Result<Recovery, StoreError>;
 }
 

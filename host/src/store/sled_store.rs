@@ -5,8 +5,8 @@
 
 use super::keys;
 use super::record;
-use super::{Change, KeyRecord, ListPage, ListQuery, LiveEntry, Recovery, Store, StoreError};
-use crate::model::{Event, Priority, State, Task, TaskId};
+use super::{Change, KeyRecord, ListPage, ListQuery, Recovery, Store, StoreError};
+use crate::model::{Event, State, Task, TaskId, WorkerEvent};
 use std::collections::HashMap;
 use std::collections::HashSet;
 use std::collections::hash_map::Entry;
@@ -219,6 +219,10 @@ impl Store for SledStore {
             let block = serde_json::to_vec(&change.events).map_err(|e| corrupt("event", e))?;
             batch.insert(&keys::block(first.seq)[..], block);
         }
+        for event in &change.worker_events {
+            let bytes = serde_json::to_vec(event).map_err(|e| corrupt("worker event", e))?;
+            batch.insert(&keys::worker_event(event.seq)[..], bytes);
+        }
         self.tree.apply_batch(batch)?;
         Ok(())
     }
@@ -338,6 +342,17 @@ impl Store for SledStore {
         Ok(page)
     }
 
+    fn worker_events(&self, after_seq: u64, limit: usize) -> Result<Vec<WorkerEvent>, StoreError> {
+        let start = keys::worker_event(after_seq.saturating_add(1));
+        let end = keys::worker_event(u64::MAX);
+        let mut events = Vec::new();
+        for entry in self.tree.range(start..=end).take(limit) {
+            let (_, bytes) = entry?;
+            events.push(serde_json::from_slice(&bytes).map_err(|e| corrupt("worker event", e))?);
+        }
+        Ok(events)
+    }
+
     fn recover(&self) -> Result<Recovery, StoreError> {
         let mut recovery = Recovery::default();
         if let Some(entry) = self.tree.scan_prefix([keys::BLOCK]).next_back() {
@@ -346,12 +361,17 @@ impl Store for SledStore {
             let block = self.block_holding(first)?;
             recovery.last_event_seq = block.last().map_or(first, |e| e.seq);
         }
+        if let Some(entry) = self.tree.scan_prefix([keys::WORKER_EVENT]).next_back() {
+            let (key, _) = entry?;
+            recovery.last_worker_event_seq =
+                keys::seq_at(&key, 1).ok_or_else(|| corrupt("worker log", "short key"))?;
+        }
         if let Some(entry) = self.tree.scan_prefix([keys::TASK]).next_back() {
             let (key, _) = entry?;
             recovery.last_task_id = keys::id_at(&key, 1);
         }
         for entry in self.tree.scan_prefix([keys::STATE]) {
-            let (key, value) = entry?;
+            let (key, _) = entry?;
             let state = key
                 .get(1)
                 .and_then(|&code| State::from_code(code))
@@ -359,11 +379,10 @@ impl Store for SledStore {
             let id = keys::id_at(&key, 2).ok_or_else(|| corrupt("state index", "short key"))?;
             recovery.tasks_by_state[usize::from(state.code())] += 1;
             if !state.is_terminal() {
-                let bucket = value
-                    .first()
-                    .and_then(|&b| Priority::from_index(usize::from(b)))
-                    .ok_or_else(|| corrupt("state index", "unknown bucket"))?;
-                recovery.live.push(LiveEntry { id, state, bucket });
+                let task = self
+                    .task(id)?
+                    .ok_or_else(|| corrupt("state index", format!("{id} has no record")))?;
+                recovery.live.push(task);
             }
         }
         Ok(recovery)

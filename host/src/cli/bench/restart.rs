@@ -5,7 +5,7 @@
 use super::child::ChildServer;
 use anyhow::{Context, bail};
 use sluice::model::{Limits, Submission, TaskSpec};
-use sluice::scheduler::{NativeAdmitter, Scheduler, SchedulerOptions, SystemClock};
+use sluice::scheduler::{NativeDecider, Scheduler, SchedulerOptions, SystemClock};
 use sluice::store::{SledOptions, SledStore};
 use std::path::Path;
 use std::sync::Arc;
@@ -78,7 +78,7 @@ fn open(dir: &Path) -> anyhow::Result<Scheduler> {
     Ok(Scheduler::start(
         Arc::new(store),
         Box::new(SystemClock),
-        Arc::new(NativeAdmitter),
+        Arc::new(NativeDecider::default()),
         &SchedulerOptions::default(),
     )?)
 }

@@ -1,0 +1,146 @@
+//! Claims: which waiting tasks a worker gets. Buckets are served by smooth weighted round
+//! robin over the buckets that hold a task this worker can run, first in line first inside a
+//! bucket; each grant becomes a lease.
+
+use super::breaker::Allowance;
+use super::{Engine, Waiting};
+use crate::model::{Actor, Lease, Priority, State, Task, TaskId, WorkerEvent};
+use crate::store::Change;
+use std::collections::BTreeSet;
+
+/// A task picked for a worker, and the GPU it will occupy there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pick {
+    pub task: TaskId,
+    pub gpu: Option<u32>,
+}
+
+/// Why a claim gets nothing at all.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoClaim {
+    #[error("unknown worker: send a heartbeat first")]
+    UnknownWorker,
+    #[error("the worker's last heartbeat is older than {stale_after_ms} ms")]
+    Stale { stale_after_ms: u64 },
+    #[error("the worker's circuit breaker is open until {until_ms} ms")]
+    BreakerOpen { until_ms: u64 },
+    #[error("the worker's circuit breaker is half-open and its probe task is still out")]
+    ProbeOut,
+    #[error("the worker holds as many leases as its max_concurrency")]
+    Full,
+    #[error("the scheduler is draining: no new claims")]
+    Draining,
+}
+
+impl NoClaim {
+    /// A short machine-readable code, for the API's `reason` field.
+    pub fn code(&self) -> &'static str {
+        match self {
+            NoClaim::UnknownWorker => "unknown-worker",
+            NoClaim::Stale { .. } => "stale-heartbeat",
+            NoClaim::BreakerOpen { .. } => "breaker-open",
+            NoClaim::ProbeOut => "probe-out",
+            NoClaim::Full => "at-capacity",
+            NoClaim::Draining => "draining",
+        }
+    }
+}
+
+impl Engine {
+    /// Picks up to `max` tasks for `worker`. Nothing changes but the round robin's position
+    /// and the breaker (which may turn half-open here: that change is returned as an event for
+    /// the caller's change). Grant each pick with `plan_claim`.
+    pub fn pick(
+        &mut self,
+        now_ms: u64,
+        worker_id: &str,
+        max: usize,
+    ) -> (Result<Vec<Pick>, NoClaim>, Option<WorkerEvent>) {
+        let stale_after_ms = self.options.worker_stale_ms;
+        let Some(worker) = self.workers.get_mut(worker_id) else {
+            return (Err(NoClaim::UnknownWorker), None);
+        };
+        if !worker.is_fresh(now_ms, stale_after_ms) {
+            return (Err(NoClaim::Stale { stale_after_ms }), None);
+        }
+        let (allowance, change) = worker.breaker.allowance(now_ms);
+        let event = change
+            .map(|change| self.log_worker_event(now_ms, worker_id, Actor::scheduler(), change));
+        let Some(worker) = self.workers.get(worker_id) else {
+            return (Err(NoClaim::UnknownWorker), event);
+        };
+        let allowed = match allowance {
+            Allowance::Any => self.options.max_claim,
+            Allowance::Probe => 1,
+            Allowance::None {
+                until_ms: Some(until_ms),
+            } => return (Err(NoClaim::BreakerOpen { until_ms }), event),
+            Allowance::None { until_ms: None } => return (Err(NoClaim::ProbeOut), event),
+        };
+        let slots = worker.free_slots();
+        if slots == 0 {
+            return (Err(NoClaim::Full), event);
+        }
+        let want = max.min(allowed).min(slots);
+        let mut free_gpus = worker.free_gpus();
+        let mut chosen: BTreeSet<TaskId> = BTreeSet::new();
+        let mut picks = Vec::with_capacity(want);
+        while picks.len() < want {
+            let candidates: [Option<(TaskId, Option<u32>)>; 3] = Priority::ALL.map(|bucket| {
+                self.queues
+                    .iter(bucket)
+                    .take(self.options.fit_scan_limit)
+                    .filter(|w: &&Waiting| !chosen.contains(&w.id))
+                    .find_map(|w| worker.fit(w, &free_gpus).map(|gpu| (w.id, gpu)))
+            });
+            let eligible = candidates.map(|c| c.is_some());
+            let Some(bucket) = self.wrr.pick(self.bucket_weights, eligible) else {
+                break;
+            };
+            let Some((task, gpu)) = candidates[bucket.index()] else {
+                break;
+            };
+            if let Some(gpu) = gpu {
+                free_gpus.remove(&gpu);
+            }
+            chosen.insert(task);
+            picks.push(Pick { task, gpu });
+        }
+        (Ok(picks), event)
+    }
+
+    /// Plans the grant of `pick` to `worker`: Queued → Claimed, the next attempt, a lease
+    /// whose token is drawn from `random`.
+    pub fn plan_claim(
+        &mut self,
+        now_ms: u64,
+        random: u128,
+        task: &Task,
+        worker: &str,
+        gpu: Option<u32>,
+    ) -> Result<Change, crate::model::IllegalTransition> {
+        let lease_ms = self.options.lease_ms;
+        let attempt = task.attempt.saturating_add(1);
+        let lease = Lease {
+            worker: worker.to_owned(),
+            token: format!("{random:032x}"),
+            attempt,
+            expires_at_ms: now_ms.saturating_add(lease_ms),
+            attempt_ends_at_ms: now_ms.saturating_add(task.attempt_timeout_ms.max(1)),
+            gpu,
+        };
+        let detail = format!("attempt {attempt} leased to worker {worker}");
+        self.plan_with(
+            now_ms,
+            task,
+            &[State::Claimed],
+            Actor::worker(worker),
+            Some(detail),
+            |after| {
+                after.attempt = attempt;
+                after.lease = Some(lease);
+                after.not_before_ms = None;
+            },
+        )
+    }
+}

@@ -1,0 +1,88 @@
+//! What falls due with time: expired leases, attempts past their timeout, retries whose wait is
+//! over, overall deadlines. Read from the timer index, never from a scan of all tasks.
+
+use super::{Engine, timers};
+use crate::model::{Actor, FailureClass, IllegalTransition, State, Task, TaskId};
+use crate::store::Change;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Due {
+    /// The task's overall deadline has passed: TimedOut.
+    Deadline,
+    /// A failure of the current attempt, through the retry decision.
+    Failed(FailureClass),
+    /// RetryWait is over: back to its queue.
+    Release,
+}
+
+impl Engine {
+    /// Tasks whose timer has come, earliest first, at most `limit`.
+    pub fn due(&self, now_ms: u64, limit: usize) -> Vec<TaskId> {
+        self.timers.due(now_ms, limit)
+    }
+
+    /// The earliest timer, for a shell that sleeps until then.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        self.timers.next_at()
+    }
+
+    /// What is due for `task` at `now_ms`; none when its timer was stale (it is re-armed).
+    pub fn due_action(&mut self, now_ms: u64, task: &Task) -> Option<Due> {
+        let action = if task.deadline_at_ms.is_some_and(|at| at <= now_ms)
+            && task.state.check(State::TimedOut).is_ok()
+        {
+            Some(Due::Deadline)
+        } else {
+            match (task.state, &task.lease, task.not_before_ms) {
+                (State::Claimed | State::Running, Some(lease), _)
+                    if lease.attempt_ends_at_ms <= now_ms =>
+                {
+                    Some(Due::Failed(FailureClass::Timeout))
+                }
+                (State::Claimed | State::Running, Some(lease), _)
+                    if lease.expires_at_ms <= now_ms =>
+                {
+                    Some(Due::Failed(FailureClass::LeaseExpired))
+                }
+                (State::RetryWait, _, Some(at)) if at <= now_ms => Some(Due::Release),
+                _ => None,
+            }
+        };
+        if action.is_none() {
+            self.timers.set(task.id, timers::due_at(task));
+        }
+        action
+    }
+
+    /// RetryWait → Queued, in the bucket it waited in before, behind nobody it was ahead of
+    /// (its rank is kept).
+    pub fn plan_release(&mut self, now_ms: u64, task: &Task) -> Result<Change, IllegalTransition> {
+        self.plan_with(
+            now_ms,
+            task,
+            &[State::Queued],
+            Actor::scheduler(),
+            Some("retry wait over".into()),
+            |after| after.not_before_ms = None,
+        )
+    }
+
+    /// → TimedOut: the overall deadline has passed.
+    pub fn plan_timed_out(
+        &mut self,
+        now_ms: u64,
+        task: &Task,
+    ) -> Result<Change, IllegalTransition> {
+        let detail = task
+            .deadline_ms
+            .map(|d| format!("deadline of {d} ms passed"));
+        self.plan_with(
+            now_ms,
+            task,
+            &[State::TimedOut],
+            Actor::scheduler(),
+            detail,
+            |_| {},
+        )
+    }
+}
