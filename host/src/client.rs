@@ -1,6 +1,7 @@
 //! A typed HTTP client of the Sluice API, for the CLI, the benchmarks and embedding programs.
 
-use crate::model::{Task, TaskSpec};
+use crate::api::ClaimResponse;
+use crate::model::{Heartbeat, Task, TaskId, TaskSpec};
 use serde::Deserialize;
 use serde_json::Value;
 use std::time::Duration;
@@ -144,6 +145,60 @@ impl Client {
             Some(kind) => self.get_json(&format!("/v1/policies/{kind}"), &[]).await,
             None => self.get_json("/v1/policies", &[]).await,
         }
+    }
+
+    /// Registers or refreshes worker `id`.
+    pub async fn worker_heartbeat(
+        &self,
+        id: &str,
+        heartbeat: &Heartbeat,
+    ) -> Result<Value, ClientError> {
+        self.post_json(&format!("/v1/workers/{id}/heartbeat"), heartbeat)
+            .await
+    }
+
+    /// Claims up to `max` tasks for worker `id`, waiting up to `wait_ms` for work.
+    pub async fn claim(
+        &self,
+        id: &str,
+        max: usize,
+        wait_ms: u64,
+    ) -> Result<ClaimResponse, ClientError> {
+        let body = serde_json::json!({ "max": max, "wait_ms": wait_ms });
+        let url = format!("{}/v1/workers/{id}/claim", self.base);
+        // A long poll may outlast the client's usual timeout.
+        let timeout = Duration::from_millis(wait_ms) + Duration::from_secs(30);
+        let request = self.http.post(&url).json(&body).timeout(timeout);
+        let response = self.send(&url, request).await?;
+        Self::decode(&url, response).await
+    }
+
+    /// Reports on the attempt `lease_token` names: `report` is `start`, `heartbeat`,
+    /// `complete` or `fail`, with the extra fields of `body` (`result`; `class`, `message`).
+    pub async fn report(
+        &self,
+        task: TaskId,
+        lease_token: &str,
+        report: &str,
+        mut body: serde_json::Map<String, Value>,
+    ) -> Result<Task, ClientError> {
+        body.insert("lease_token".into(), Value::String(lease_token.to_owned()));
+        self.post_json(&format!("/v1/tasks/{task}/{report}"), &body)
+            .await
+    }
+
+    pub async fn workers(&self) -> Result<Value, ClientError> {
+        self.get_json("/v1/workers", &[]).await
+    }
+
+    async fn post_json<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<T, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let response = self.send(&url, self.http.post(&url).json(body)).await?;
+        Self::decode(&url, response).await
     }
 
     async fn get_json(&self, path: &str, query: &[(&str, String)]) -> Result<Value, ClientError> {

@@ -5,6 +5,7 @@ mod logging;
 mod policy;
 mod serve;
 mod tasks;
+mod worker;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -39,6 +40,8 @@ enum Command {
         #[command(subcommand)]
         command: policy::PolicyCommand,
     },
+    /// Run a reference worker with a synthetic executor: claims, heartbeats, reports.
+    Worker(worker::WorkerArgs),
     /// Measure throughput and latency; prints figures.
     Bench {
         #[command(subcommand)]
@@ -68,6 +71,7 @@ pub fn main() -> ExitCode {
             Command::Submit(args) => tasks::submit(args).await,
             Command::Task { command } => tasks::run(command).await,
             Command::Policy { command } => policy::run(command).await,
+            Command::Worker(args) => worker::run_worker(args).await,
             Command::Bench { command } => bench::run(command).await,
         }
     });

@@ -1,0 +1,100 @@
+//! `sluice worker`: the reference worker: the embeddable worker client with a synthetic
+//! executor, until SIGTERM or SIGINT, after which it finishes what it holds.
+
+use anyhow::Context;
+use sluice::client::Client;
+use sluice::model::{FailureClass, Gpu, Heartbeat};
+use sluice::worker::synthetic::Synthetic;
+use sluice::worker::{WorkerConfig, run};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    /// The Sluice server, e.g. http://127.0.0.1:7700
+    #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7700")]
+    server: String,
+    /// This worker's id (letters, digits and . _ - : / @)
+    #[arg(long)]
+    id: String,
+    /// GPUs this worker offers (0: a CPU worker, for tasks that need no GPU memory)
+    #[arg(long, default_value_t = 1)]
+    gpus: usize,
+    /// Memory of each GPU, in MB
+    #[arg(long, default_value_t = 16_384)]
+    gpu_memory_mb: u64,
+    /// Labels tasks may require, as k=v,k2=v2
+    #[arg(long, value_parser = parse_labels, default_value = "")]
+    labels: BTreeMap<String, String>,
+    /// Attempts run at once [default: the number of GPUs, at least 1]
+    #[arg(long)]
+    max_concurrency: Option<u32>,
+    /// How long each synthetic attempt takes, in ms
+    #[arg(long, default_value_t = 50)]
+    exec_ms: u64,
+    /// The share of attempts that fail, 0 to 1
+    #[arg(long, default_value_t = 0.0)]
+    fail_rate: f64,
+    /// The class of the synthetic failures
+    #[arg(long, value_parser = parse_class, default_value = "transient")]
+    fail_class: FailureClass,
+    /// Seed of the synthetic failures
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
+    text.split(',')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| format!("`{pair}` is not k=v"))
+        })
+        .collect()
+}
+
+fn parse_class(text: &str) -> Result<FailureClass, String> {
+    FailureClass::ALL
+        .into_iter()
+        .filter(|class| *class != FailureClass::LeaseExpired)
+        .find(|class| class.as_str() == text)
+        .ok_or_else(|| {
+            format!("`{text}` is not one of transient, node-busy, timeout, permanent, invalid-input")
+        })
+}
+
+pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
+    if !(0.0..=1.0).contains(&args.fail_rate) {
+        anyhow::bail!("--fail-rate must be 0 to 1");
+    }
+    sluice::model::check_worker_id(&args.id).context("--id")?;
+    let heartbeat = Heartbeat {
+        gpus: (0..args.gpus)
+            .map(|_| Gpu {
+                model: "synthetic".into(),
+                memory_mb: args.gpu_memory_mb,
+                free: true,
+            })
+            .collect(),
+        labels: args.labels,
+        max_concurrency: args
+            .max_concurrency
+            .unwrap_or(args.gpus.max(1) as u32),
+        queue_depth: 0,
+    };
+    heartbeat.validate().context("worker settings")?;
+    let client = Client::new(&args.server)?;
+    let executor = Arc::new(Synthetic::new(
+        args.id.clone(),
+        args.exec_ms,
+        args.fail_rate,
+        args.fail_class,
+        args.seed,
+    ));
+    let config = WorkerConfig::new(args.id.clone(), heartbeat);
+    tracing::info!(worker = %args.id, server = %args.server, "worker started");
+    let stats = run(client, config, executor, super::serve::shutdown_signal()).await?;
+    println!("worker {}: {}", args.id, stats.line());
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! The worker client a GPU service can embed: it heartbeats, claims what its capacity allows,
+//! runs each lease through an `Executor` while keeping the lease alive, and reports the
+//! outcome with the lease's token. `synthetic` is the executor of `sluice worker`.
+
+mod lease;
+pub mod synthetic;
+
+use crate::client::{Client, ClientError};
+use crate::model::{FailureClass, Heartbeat};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+pub use crate::api::LeaseGrant;
+
+/// What an attempt came to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Complete(serde_json::Value),
+    Fail {
+        class: FailureClass,
+        message: String,
+    },
+}
+
+/// Runs one leased task. The worker keeps the lease alive while the future runs.
+pub trait Executor: Send + Sync + 'static {
+    fn execute(&self, grant: &LeaseGrant) -> impl Future<Output = Outcome> + Send;
+}
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub id: String,
+    pub heartbeat: Heartbeat,
+    /// How long one claim waits for work on the server.
+    pub claim_wait_ms: u64,
+    pub heartbeat_interval: Duration,
+}
+
+impl WorkerConfig {
+    pub fn new(id: impl Into<String>, heartbeat: Heartbeat) -> Self {
+        WorkerConfig {
+            id: id.into(),
+            heartbeat,
+            claim_wait_ms: 5_000,
+            heartbeat_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Counts of what a worker did, for its caller and its exit line.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    pub claimed: AtomicU64,
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    /// Reports the server refused as stale: the lease had passed to another attempt.
+    pub refused: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl WorkerStats {
+    pub fn line(&self) -> String {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        format!(
+            "claimed {} completed {} failed {} refused {} errors {}",
+            get(&self.claimed),
+            get(&self.completed),
+            get(&self.failed),
+            get(&self.refused),
+            get(&self.errors)
+        )
+    }
+}
+
+/// A pause after a claim that got nothing for a reason (breaker open, stale heartbeat),
+/// so a refused worker does not spin.
+const REFUSED_PAUSE: Duration = Duration::from_millis(500);
+
+/// Works until `shutdown` resolves, then stops claiming, lets the attempts in hand finish and
+/// report, and returns what it did.
+pub async fn run<E: Executor>(
+    client: Client,
+    config: WorkerConfig,
+    executor: Arc<E>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<Arc<WorkerStats>, ClientError> {
+    client.worker_heartbeat(&config.id, &config.heartbeat).await?;
+    let stats = Arc::new(WorkerStats::default());
+    let beats = tokio::spawn(heartbeats(client.clone(), config.clone(), stats.clone()));
+    let slots = config.heartbeat.max_concurrency.max(1) as usize;
+    let capacity = Arc::new(Semaphore::new(slots));
+    tokio::pin!(shutdown);
+    loop {
+        let free = tokio::select! {
+            _ = &mut shutdown => break,
+            permit = capacity.clone().acquire_owned() => match permit {
+                Ok(permit) => {
+                    drop(permit);
+                    capacity.available_permits().max(1)
+                }
+                Err(_) => break,
+            },
+        };
+        let claimed = tokio::select! {
+            _ = &mut shutdown => break,
+            claimed = client.claim(&config.id, free.min(crate::api::MAX_CLAIM), config.claim_wait_ms) => claimed,
+        };
+        let answer = match claimed {
+            Ok(answer) => answer,
+            Err(error) => {
+                stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%error, "claim failed");
+                tokio::time::sleep(REFUSED_PAUSE).await;
+                continue;
+            }
+        };
+        if let Some(reason) = &answer.reason {
+            tracing::debug!(code = %reason.code, detail = %reason.detail, "claim refused");
+            if reason.code == "unknown-worker" || reason.code == "stale-heartbeat" {
+                let _ = client.worker_heartbeat(&config.id, &config.heartbeat).await;
+            }
+            tokio::time::sleep(REFUSED_PAUSE).await;
+            continue;
+        }
+        for grant in answer.leases {
+            stats.claimed.fetch_add(1, Ordering::Relaxed);
+            let Ok(permit) = capacity.clone().acquire_owned().await else {
+                break;
+            };
+            let attempt = lease::Attempt {
+                client: client.clone(),
+                executor: executor.clone(),
+                stats: stats.clone(),
+            };
+            tokio::spawn(async move {
+                attempt.run(grant).await;
+                drop(permit);
+            });
+        }
+    }
+    // Every permit back means every attempt has reported.
+    let _all = capacity.acquire_many(slots as u32).await;
+    beats.abort();
+    Ok(stats)
+}
+
+async fn heartbeats(client: Client, config: WorkerConfig, stats: Arc<WorkerStats>) {
+    let mut interval = tokio::time::interval(config.heartbeat_interval);
+    loop {
+        interval.tick().await;
+        if let Err(error) = client.worker_heartbeat(&config.id, &config.heartbeat).await {
+            stats.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%error, "heartbeat failed");
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The synthetic executor of `sluice worker`: it takes `exec_ms` per task and fails a share of
+//! them with a chosen class, for tests and demos.
+
+use super::{Executor, LeaseGrant, Outcome};
+use crate::model::FailureClass;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Mutex;
+use std::time::Duration;
+
+pub struct Synthetic {
+    pub worker: String,
+    pub exec_ms: u64,
+    /// The share of attempts that fail, 0 to 1.
+    pub fail_rate: f64,
+    pub fail_class: FailureClass,
+    random: Mutex<SmallRng>,
+}
+
+impl Synthetic {
+    pub fn new(worker: String, exec_ms: u64, fail_rate: f64, fail_class: FailureClass, seed: u64) -> Self {
+        Synthetic {
+            worker,
+            exec_ms,
+            fail_rate: fail_rate.clamp(0.0, 1.0),
+            fail_class,
+            random: Mutex::new(SmallRng::seed_from_u64(seed)),
+        }
+    }
+
+    fn fails(&self) -> bool {
+        let mut random = self.random.lock().unwrap_or_else(|p| p.into_inner());
+        random.random_bool(self.fail_rate)
+    }
+}
+
+impl Executor for Synthetic {
+    async fn execute(&self, grant: &LeaseGrant) -> Outcome {
+        tokio::time::sleep(Duration::from_millis(self.exec_ms)).await;
+        if self.fails() {
+            return Outcome::Fail {
+                class: self.fail_class,
+                message: format!("synthetic {} failure on {}", self.fail_class, self.worker),
+            };
+        }
+        Outcome::Complete(serde_json::json!({
+            "worker": self.worker,
+            "attempt": grant.attempt,
+        }))
+    }
+}
