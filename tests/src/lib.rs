@@ -81,10 +81,20 @@ impl Server {
     }
 
     /// SIGTERM, then waits for the process to exit.
-    pub fn terminate(mut self) -> ExitStatus {
+    pub fn terminate(self) -> ExitStatus {
+        self.send_sigterm();
+        self.wait()
+    }
+
+    /// SIGTERM without waiting: the server drains while the test watches.
+    pub fn send_sigterm(&self) {
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
         let sent = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         assert_eq!(sent, 0, "send SIGTERM");
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait(mut self) -> ExitStatus {
         self.child.wait().expect("wait for the server")
     }
 }
@@ -230,4 +240,77 @@ pub async fn put_policy(
         request = request.query(&[("config", config)]);
     }
     answer(request.send().await.expect("PUT")).await
+}
+
+/// A running `sluice worker`, killed if the test ends without stopping it.
+pub struct Worker {
+    child: Child,
+    pub id: String,
+}
+
+impl Worker {
+    /// Starts `sluice worker --server <server> --id <id>` with `extra_args`.
+    pub fn start(server: &Server, id: &str, extra_args: &[&str]) -> Worker {
+        let child = Command::new(sluice_binary())
+            .args(["worker", "--server", &server.url, "--id", id])
+            .args(extra_args)
+            .env("SLUICE_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start sluice worker");
+        Worker {
+            child,
+            id: id.to_owned(),
+        }
+    }
+
+    pub fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL the worker");
+        self.child.wait().expect("reap the worker");
+    }
+
+    /// SIGTERM; waits for the worker to finish what it holds; its summary line.
+    pub fn terminate(mut self) -> String {
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        let sent = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(sent, 0, "send SIGTERM");
+        let mut out = String::new();
+        if let Some(stdout) = self.child.stdout.take() {
+            let _ = BufReader::new(stdout).read_line(&mut out);
+        }
+        let status = self.child.wait().expect("wait for the worker");
+        assert!(status.success(), "worker {} exited {status}", self.id);
+        out
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `check` every 20 ms until it answers `Some`, failing the test after `limit`.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(started.elapsed() < limit, "gave up waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The scheduler's counts (`GET /v1/stats`): tasks in `state`.
+pub async fn count_in(client: &reqwest::Client, server: &Server, state: &str) -> u64 {
+    let stats = get_json(client, &server.endpoint("/v1/stats")).await;
+    stats.body["tasks_by_state"][state].as_u64().unwrap_or(0)
 }

@@ -60,7 +60,9 @@ fn parse_class(text: &str) -> Result<FailureClass, String> {
         .filter(|class| *class != FailureClass::LeaseExpired)
         .find(|class| class.as_str() == text)
         .ok_or_else(|| {
-            format!("`{text}` is not one of transient, node-busy, timeout, permanent, invalid-input")
+            format!(
+                "`{text}` is not one of transient, node-busy, timeout, permanent, invalid-input"
+            )
         })
 }
 
@@ -78,9 +80,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             })
             .collect(),
         labels: args.labels,
-        max_concurrency: args
-            .max_concurrency
-            .unwrap_or(args.gpus.max(1) as u32),
+        max_concurrency: args.max_concurrency.unwrap_or(args.gpus.max(1) as u32),
         queue_depth: 0,
     };
     heartbeat.validate().context("worker settings")?;

@@ -59,17 +59,29 @@ impl<E: Executor> Attempt<E> {
         }
     }
 
-    async fn report(&self, id: TaskId, token: &str, report: &str, body: Map<String, Value>) -> Reported {
+    async fn report(
+        &self,
+        id: TaskId,
+        token: &str,
+        report: &str,
+        body: Map<String, Value>,
+    ) -> Reported {
         let mut pause = Duration::from_millis(100);
         for _ in 0..REPORT_TRIES {
             match self.client.report(id, token, report, body.clone()).await {
                 Ok(_) => return Reported::Done,
-                Err(ClientError::Problem { status: 409, detail, .. }) => {
+                Err(ClientError::Problem {
+                    status: 409,
+                    detail,
+                    ..
+                }) => {
                     self.stats.refused.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(task_id = %id, report, %detail, "report refused");
                     return Reported::Refused;
                 }
-                Err(ClientError::Problem { status, detail, .. }) if status < 500 && status != 429 => {
+                Err(ClientError::Problem { status, detail, .. })
+                    if status < 500 && status != 429 =>
+                {
                     self.stats.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(task_id = %id, report, status, %detail, "report rejected");
                     return Reported::Failed;

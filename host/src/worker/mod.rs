@@ -87,7 +87,9 @@ pub async fn run<E: Executor>(
     executor: Arc<E>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Arc<WorkerStats>, ClientError> {
-    client.worker_heartbeat(&config.id, &config.heartbeat).await?;
+    client
+        .worker_heartbeat(&config.id, &config.heartbeat)
+        .await?;
     let stats = Arc::new(WorkerStats::default());
     let beats = tokio::spawn(heartbeats(client.clone(), config.clone(), stats.clone()));
     let slots = config.heartbeat.max_concurrency.max(1) as usize;

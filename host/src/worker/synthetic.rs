@@ -18,7 +18,13 @@ pub struct Synthetic {
 }
 
 impl Synthetic {
-    pub fn new(worker: String, exec_ms: u64, fail_rate: f64, fail_class: FailureClass, seed: u64) -> Self {
+    pub fn new(
+        worker: String,
+        exec_ms: u64,
+        fail_rate: f64,
+        fail_class: FailureClass,
+        seed: u64,
+    ) -> Self {
         Synthetic {
             worker,
             exec_ms,

@@ -1,0 +1,251 @@
+//! Dispatch end to end over real HTTP: a zombie worker's late report, the stale-token fence,
+//! replayed reports, and bad reports refused.
+
+use sluice_tests::*;
+
+async fn heartbeat(client: &reqwest::Client, server: &Server, worker: &str) {
+    let answer = post_json(
+        client,
+        &server.endpoint(&format!("/v1/workers/{worker}/heartbeat")),
+        &json!({"gpus": [{"model": "A100", "memory_mb": 40000}], "max_concurrency": 1}),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    assert_eq!(answer.body["healthy"], true);
+}
+
+async fn claim(client: &reqwest::Client, server: &Server, worker: &str) -> Value {
+    let answer = post_json(
+        client,
+        &server.endpoint(&format!("/v1/workers/{worker}/claim")),
+        &json!({"max": 1, "wait_ms": 5000}),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    let leases = answer.body["leases"].as_array().unwrap();
+    assert_eq!(leases.len(), 1, "{:?}", answer.body);
+    leases[0].clone()
+}
+
+async fn report(
+    client: &reqwest::Client,
+    server: &Server,
+    id: &str,
+    report: &str,
+    body: Value,
+) -> Answer {
+    post_json(
+        client,
+        &server.endpoint(&format!("/v1/tasks/{id}/{report}")),
+        &body,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_reporting_with_its_expired_token_gets_409_and_the_new_attempt_is_undisturbed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(
+        dir.path(),
+        &[
+            "--lease-ms",
+            "500",
+            "--policy-config",
+            "retry.initial_delay_ms=1",
+            "--policy-config",
+            "retry.max_delay_ms=1",
+        ],
+    );
+    let client = http();
+    let submitted = post_json(
+        &client,
+        &server.endpoint("/v1/tasks"),
+        &json!({"kind": "oct.scan", "priority": "urgent", "payload": {"eye": "left"}}),
+    )
+    .await;
+    assert_eq!(submitted.status, 201);
+    let id = submitted.body["id"].as_str().unwrap().to_owned();
+
+    heartbeat(&client, &server, "zombie").await;
+    let first = claim(&client, &server, "zombie").await;
+    assert_eq!(first["task"]["id"], id.as_str());
+    assert_eq!(first["payload"], json!({"eye": "left"}));
+    assert_eq!(first["attempt"], 1);
+    let old_token = first["lease_token"].as_str().unwrap().to_owned();
+    let started = report(
+        &client,
+        &server,
+        &id,
+        "start",
+        json!({"lease_token": old_token}),
+    )
+    .await;
+    assert_eq!(started.body["state"], "running");
+    // The token is the holder's secret: readers of the task do not see it.
+    let read = get_json(&client, &server.endpoint(&format!("/v1/tasks/{id}"))).await;
+    assert_eq!(read.body["lease"]["token"], "");
+
+    // The zombie goes quiet; its lease expires and the task comes back for another worker.
+    heartbeat(&client, &server, "healthy").await;
+    let second = claim(&client, &server, "healthy").await;
+    assert_eq!(second["task"]["id"], id.as_str());
+    assert_eq!(second["attempt"], 2);
+    let new_token = second["lease_token"].as_str().unwrap().to_owned();
+    assert_ne!(new_token, old_token);
+
+    let late = report(
+        &client,
+        &server,
+        &id,
+        "complete",
+        json!({"lease_token": old_token, "result": "zombie"}),
+    )
+    .await;
+    assert_problem(&late, 409, "stale-lease");
+    assert_eq!(late.body["task_id"], id.as_str());
+    let task = get_json(&client, &server.endpoint(&format!("/v1/tasks/{id}"))).await;
+    assert_eq!(task.body["state"], "claimed");
+    assert_eq!(task.body["lease"]["worker"], "healthy");
+    assert_eq!(task.body["attempt"], 2);
+
+    let done = report(
+        &client,
+        &server,
+        &id,
+        "complete",
+        json!({"lease_token": new_token, "result": {"ok": true}}),
+    )
+    .await;
+    assert_eq!(done.status, 200, "{:?}", done.body);
+    assert_eq!(done.body["state"], "completed");
+    assert_eq!(done.body["result"], json!({"ok": true}));
+    // The same report again is answered as the first was, and changes nothing.
+    let again = report(
+        &client,
+        &server,
+        &id,
+        "complete",
+        json!({"lease_token": new_token, "result": {"ok": true}}),
+    )
+    .await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.body["event_seqs"], done.body["event_seqs"]);
+
+    let events = get_json(&client, &server.endpoint(&format!("/v1/tasks/{id}/events"))).await;
+    let details: Vec<String> = events.body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            format!(
+                "{}→{} {}",
+                e["from"],
+                e["to"],
+                e["detail"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    assert!(
+        details.iter().any(|d| d.contains("lease-expired")),
+        "{details:#?}"
+    );
+    assert!(
+        details
+            .iter()
+            .any(|d| d.contains("complete report refused")),
+        "{details:#?}"
+    );
+    let completions = details
+        .iter()
+        .filter(|d| d.contains("→\"completed\""))
+        .count();
+    assert_eq!(completions, 1, "{details:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_reports_and_claims_are_refused_with_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let client = http();
+    let submitted = post_json(
+        &client,
+        &server.endpoint("/v1/tasks"),
+        &json!({"kind": "k"}),
+    )
+    .await;
+    let id = submitted.body["id"].as_str().unwrap().to_owned();
+
+    let never = report(
+        &client,
+        &server,
+        &id,
+        "complete",
+        json!({"lease_token": "x"}),
+    )
+    .await;
+    assert_problem(&never, 409, "stale-lease");
+    let expired_class = report(
+        &client,
+        &server,
+        &id,
+        "fail",
+        json!({"lease_token": "x", "class": "lease-expired"}),
+    )
+    .await;
+    assert_problem(&expired_class, 400, "invalid-request");
+    let unknown_class = report(
+        &client,
+        &server,
+        &id,
+        "fail",
+        json!({"lease_token": "x", "class": "bad-luck"}),
+    )
+    .await;
+    assert_problem(&unknown_class, 400, "invalid-request");
+    let missing = report(
+        &client,
+        &server,
+        "01JAAAAAAAAAAAAAAAAAAAAAAA",
+        "start",
+        json!({"lease_token": "x"}),
+    )
+    .await;
+    assert_problem(&missing, 404, "task-not-found");
+
+    let workers = server.endpoint("/v1/workers/w-1");
+    let too_many = post_json(&client, &format!("{workers}/claim"), &json!({"max": 65})).await;
+    assert_problem(&too_many, 400, "invalid-request");
+    let too_long = post_json(
+        &client,
+        &format!("{workers}/claim"),
+        &json!({"max": 1, "wait_ms": 3_600_000}),
+    )
+    .await;
+    assert_problem(&too_long, 400, "invalid-request");
+    let unknown = post_json(&client, &format!("{workers}/claim"), &json!({})).await;
+    assert_eq!(unknown.status, 200);
+    assert_eq!(unknown.body["reason"]["code"], "unknown-worker");
+    let bad_id = post_json(
+        &client,
+        &server.endpoint("/v1/workers/bad%20id/heartbeat"),
+        &json!({}),
+    )
+    .await;
+    assert_problem(&bad_id, 400, "invalid-request");
+    let zero = post_json(
+        &client,
+        &format!("{workers}/heartbeat"),
+        &json!({"max_concurrency": 0}),
+    )
+    .await;
+    assert_problem(&zero, 400, "invalid-request");
+    let not_json = client
+        .post(format!("{workers}/heartbeat"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(&answer(not_json).await, 415, "unsupported-media-type");
+    let reset_unknown = post_json(&client, &format!("{workers}/reset"), &json!({})).await;
+    assert_problem(&reset_unknown, 404, "worker-not-found");
+}
