@@ -3,7 +3,6 @@
 use super::AppState;
 use super::extract::{Decoded, TaskIdPath, decode_json, decode_query, read_json};
 use super::problem::{ApiError, Problem};
-use super::workers::without_token;
 use crate::model::{Actor, Event, State, Submission, Task, TaskId, TaskSpec};
 use crate::scheduler::{SubmitResult, Submitted};
 use crate::store::ListQuery;
@@ -192,7 +191,7 @@ pub async fn get(
     Shared(state): Shared<AppState>,
     TaskIdPath(id): TaskIdPath,
 ) -> Result<Json<TaskWithPayload>, ApiError> {
-    let task = without_token(state.scheduler.task(id)?);
+    let task = state.scheduler.task(id)?.without_token();
     let payload = stored_payload(&state, id)?;
     Ok(Json(TaskWithPayload { task, payload }))
 }
@@ -260,7 +259,7 @@ pub async fn list(
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     Ok(Json(ListResponse {
-        tasks: page.tasks.into_iter().map(without_token).collect(),
+        tasks: page.tasks.into_iter().map(Task::without_token).collect(),
         next_after: page.next_after,
     }))
 }
@@ -295,5 +294,5 @@ pub async fn cancel(
     TaskIdPath(id): TaskIdPath,
 ) -> Result<Json<Task>, ApiError> {
     let task = state.scheduler.cancel(id, Actor::api()).await?;
-    Ok(Json(without_token(task)))
+    Ok(Json(task.without_token()))
 }

@@ -222,11 +222,3 @@ pub async fn events(
         .worker_events(params.after.unwrap_or(0), limit)?;
     Ok(Json(WorkerEventsResponse { events }))
 }
-
-/// Hides a task's lease token from readers other than the worker that holds it.
-pub fn without_token(mut task: Task) -> Task {
-    if let Some(lease) = &mut task.lease {
-        lease.token.clear();
-    }
-    task
-}

@@ -515,3 +515,58 @@ fn a_simulated_day_replays_identically_from_its_seed_and_loses_nothing() {
     assert!(completions.values().all(|&n| n == 1));
     assert_eq!(completions.len(), completed);
 }
+
+#[test]
+fn callbacks_retry_with_backoff_ignore_stale_answers_and_give_up_at_the_bound() {
+    use super::{CallbackOutcome, Due, MAX_CALLBACK_ATTEMPTS};
+    let mut world = World::new(12, options());
+    let id = world.submit(
+        Priority::Normal,
+        json!({"callback_url": "http://example.test/done"}),
+    );
+    world.heartbeat("w", 0, 1);
+    let task = world.claim("w", 1).remove(0);
+    complete(&mut world, &task);
+    let mut delays = Vec::new();
+    for attempt in 1..=MAX_CALLBACK_ATTEMPTS {
+        let task = world.tasks[&id].clone();
+        let due_at = task.callback.as_ref().unwrap().next_at_ms;
+        world.now_ms = world.now_ms.max(due_at);
+        assert_eq!(world.engine.due(world.now_ms, 10), [id]);
+        assert_eq!(
+            world.engine.due_action(world.now_ms, &task),
+            Some(Due::Callback)
+        );
+        let (n, change) = world
+            .engine
+            .plan_callback_attempt(world.now_ms, &task)
+            .unwrap();
+        assert_eq!(n, attempt);
+        world.commit(change);
+        let task = world.tasks[&id].clone();
+        // An answer to an older attempt changes nothing.
+        let failed = CallbackOutcome::Failed {
+            reason: "HTTP 503".into(),
+        };
+        assert!(
+            world
+                .engine
+                .plan_callback_outcome(world.now_ms, &task, n - 1, &failed)
+                .is_none()
+        );
+        let change = world
+            .engine
+            .plan_callback_outcome(world.now_ms, &task, n, &failed)
+            .unwrap();
+        world.commit(change);
+        let next = world.tasks[&id].callback.clone().unwrap();
+        delays.push(next.next_at_ms - world.now_ms);
+    }
+    let task = &world.tasks[&id];
+    assert!(task.callback.as_ref().unwrap().gave_up);
+    assert!(!task.callback_pending());
+    assert_eq!(world.engine.due(u64::MAX, 10), Vec::<TaskId>::new());
+    assert_eq!(&delays[..4], [1_000, 2_000, 4_000, 8_000]);
+    assert!(delays.iter().all(|&d| d <= 600_000));
+    assert_eq!(task.state, State::Completed);
+}

@@ -11,6 +11,7 @@
 
 mod aging;
 mod breaker;
+mod callbacks;
 mod claims;
 mod queues;
 mod reaper;
@@ -21,6 +22,7 @@ mod workers;
 mod wrr;
 
 pub use breaker::{BreakerOptions, BreakerState};
+pub use callbacks::{CALLBACK_ATTEMPT_TIMEOUT_MS, CallbackOutcome, MAX_CALLBACK_ATTEMPTS};
 pub use claims::{NoClaim, Pick};
 pub use queues::{BucketQueues, Waiting};
 pub use reaper::Due;
@@ -239,6 +241,7 @@ impl Engine {
             bucket_since_ms: now_ms,
             lease: None,
             not_before_ms: None,
+            callback: None,
             result: None,
             error: None,
             event_seqs: Vec::new(),
@@ -339,6 +342,14 @@ impl Engine {
         }
         after.state = from;
         after.event_seqs.extend(events.iter().map(|e| e.seq));
+        if after.state.is_terminal() && after.callback_url.is_some() && after.callback.is_none() {
+            after.callback = Some(crate::model::Callback {
+                attempts: 0,
+                next_at_ms: now_ms,
+                delivered_at_ms: None,
+                gave_up: false,
+            });
+        }
         Ok(Change {
             new_tasks: Vec::new(),
             writes: vec![TaskWrite {

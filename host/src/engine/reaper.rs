@@ -13,6 +13,8 @@ pub enum Due {
     Failed(FailureClass),
     /// RetryWait is over: back to its queue.
     Release,
+    /// A completion callback is due for delivery.
+    Callback,
 }
 
 impl Engine {
@@ -45,6 +47,16 @@ impl Engine {
                     Some(Due::Failed(FailureClass::LeaseExpired))
                 }
                 (State::RetryWait, _, Some(at)) if at <= now_ms => Some(Due::Release),
+                (state, _, _)
+                    if state.is_terminal()
+                        && task.callback_pending()
+                        && task
+                            .callback
+                            .as_ref()
+                            .is_some_and(|c| c.next_at_ms <= now_ms) =>
+                {
+                    Some(Due::Callback)
+                }
                 _ => None,
             }
         };

@@ -194,6 +194,23 @@ impl World {
                 Some(Due::Failed(class)) => {
                     self.fail(&task, class, "expired".into(), Actor::scheduler());
                 }
+                // The simulation's receivers answer at once.
+                Some(Due::Callback) => {
+                    let now_ms = self.now_ms;
+                    if let Some((attempt, change)) =
+                        self.engine.plan_callback_attempt(now_ms, &task)
+                    {
+                        self.commit(change);
+                        let task = self.tasks[&id].clone();
+                        let delivered = super::CallbackOutcome::Delivered { status: 200 };
+                        if let Some(change) = self
+                            .engine
+                            .plan_callback_outcome(now_ms, &task, attempt, &delivered)
+                        {
+                            self.commit(change);
+                        }
+                    }
+                }
                 None => {}
             }
         }

@@ -19,6 +19,7 @@ pub fn due_at(task: &Task) -> Option<u64> {
             .as_ref()
             .map(|lease| lease.expires_at_ms.min(lease.attempt_ends_at_ms)),
         State::RetryWait => task.not_before_ms,
+        _ if task.callback_pending() => task.callback.as_ref().map(|c| c.next_at_ms),
         _ => None,
     };
     let deadline = if task.state.check(State::TimedOut).is_ok() {

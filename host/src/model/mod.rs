@@ -20,5 +20,5 @@ pub use policy::{
 pub use priority::Priority;
 pub use spec::{Limits, Resources, Submission, TaskSpec, ValidationError};
 pub use state::{IllegalTransition, State};
-pub use task::{Admission, Lease, Task, TaskError};
+pub use task::{Admission, Callback, Lease, Task, TaskError};
 pub use worker::{Gpu, Heartbeat, WorkerEvent, check_worker_id};

@@ -57,6 +57,9 @@ pub struct Task {
     /// While in RetryWait: when it goes back to its queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before_ms: Option<u64>,
+    /// The completion callback's delivery, once the task is terminal and has a `callback_url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback: Option<Callback>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,6 +82,35 @@ pub struct Lease {
     /// The worker's GPU this attempt occupies, by index in its heartbeat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<u32>,
+}
+
+/// Delivery of a completion callback: at least once, retried with backoff up to a bound.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Callback {
+    pub attempts: u32,
+    /// When the next attempt is due (while one is in flight: when it is given up on).
+    pub next_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_at_ms: Option<u64>,
+    #[serde(default)]
+    pub gave_up: bool,
+}
+
+impl Task {
+    /// The task without its lease token, for anyone but the worker holding the lease.
+    pub fn without_token(mut self) -> Task {
+        if let Some(lease) = &mut self.lease {
+            lease.token.clear();
+        }
+        self
+    }
+
+    /// Whether a callback still has to be delivered.
+    pub fn callback_pending(&self) -> bool {
+        self.callback
+            .as_ref()
+            .is_some_and(|c| c.delivered_at_ms.is_none() && !c.gave_up)
+    }
 }
 
 /// Where a task waits and for how long one attempt may run: the priority policy's answer at

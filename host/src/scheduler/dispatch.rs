@@ -207,6 +207,7 @@ impl Writer {
                 let change = self.engine.plan_release(now_ms, &task).map_err(illegal)?;
                 self.plan(change, group);
             }
+            Some(Due::Callback) => self.send_callback(now_ms, &task, group),
             Some(Due::Failed(class)) => {
                 let message = match class {
                     FailureClass::Timeout => "the attempt ran past its timeout",
@@ -223,6 +224,54 @@ impl Writer {
             }
         }
         Ok(())
+    }
+
+    /// Hands a due callback to the deliverer and marks it in flight. A full deliverer queue
+    /// leaves the callback due, for the next tick.
+    fn send_callback(&mut self, now_ms: u64, task: &Task, group: &mut Group) {
+        let Some(url) = task.callback_url.clone() else {
+            return;
+        };
+        let Some((attempt, change)) = self.engine.plan_callback_attempt(now_ms, task) else {
+            return;
+        };
+        let body = match serde_json::to_vec(&task.clone().without_token()) {
+            Ok(body) => body,
+            Err(error) => {
+                tracing::error!(task_id = %task.id, %error, "cannot encode a callback");
+                return;
+            }
+        };
+        let job = super::callbacks::Job {
+            id: task.id,
+            attempt,
+            url,
+            body,
+        };
+        if self.callback_jobs.try_send(job).is_ok() {
+            self.plan(change, group);
+        }
+    }
+
+    pub(super) fn callback_done(
+        &mut self,
+        id: TaskId,
+        attempt: u32,
+        outcome: &crate::engine::CallbackOutcome,
+        group: &mut Group,
+    ) {
+        let now_ms = self.clock.now_ms();
+        match self.task(id, group) {
+            Ok(task) => {
+                if let Some(change) = self
+                    .engine
+                    .plan_callback_outcome(now_ms, &task, attempt, outcome)
+                {
+                    self.plan(change, group);
+                }
+            }
+            Err(error) => tracing::error!(task_id = %id, %error, "cannot record a callback"),
+        }
     }
 
     fn age(&mut self, now_ms: u64, group: &mut Group) {

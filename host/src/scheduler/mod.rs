@@ -6,6 +6,7 @@
 //! them to the deterministic engine. A request is answered only after the flusher's next
 //! `sync` (flush + fdatasync) covers its write, and one `sync` covers every write before it.
 
+mod callbacks;
 mod clock;
 mod decider;
 mod dispatch;
@@ -131,6 +132,12 @@ pub(crate) enum Command {
     },
     /// Time has passed: run what is due, and age the queues when their interval has passed.
     Tick,
+    /// How a completion callback's delivery attempt went.
+    CallbackDone {
+        id: TaskId,
+        attempt: u32,
+        outcome: crate::engine::CallbackOutcome,
+    },
     Shutdown,
 }
 
@@ -166,6 +173,7 @@ impl Scheduler {
         let (commands, inbox) = mpsc::channel(options.queue_capacity.max(1));
         let (flush_tx, flush_rx) = std::sync::mpsc::sync_channel(options.queue_capacity.max(1));
         let snapshot = Arc::new(ArcSwap::from_pointee(engine.snapshot()));
+        let callback_jobs = callbacks::spawn(commands.clone())?;
         let work_queued = Arc::new(tokio::sync::Notify::new());
         let mut writer = writer::Writer::new(
             engine,
@@ -175,6 +183,7 @@ impl Scheduler {
             flush_tx,
             snapshot.clone(),
             work_queued.clone(),
+            callback_jobs,
             options.aging_interval_ms,
         );
         writer.admit_recovered(&unadmitted)?;

@@ -64,6 +64,7 @@ pub(crate) struct Writer {
     flusher: SyncSender<Delivery>,
     snapshot: Arc<ArcSwap<Snapshot>>,
     work_queued: Arc<tokio::sync::Notify>,
+    pub(super) callback_jobs: mpsc::Sender<super::callbacks::Job>,
     pub(super) aging_interval_ms: u64,
     pub(super) next_aging_ms: u64,
 }
@@ -78,6 +79,7 @@ impl Writer {
         flusher: SyncSender<Delivery>,
         snapshot: Arc<ArcSwap<Snapshot>>,
         work_queued: Arc<tokio::sync::Notify>,
+        callback_jobs: mpsc::Sender<super::callbacks::Job>,
         aging_interval_ms: u64,
     ) -> Self {
         Writer {
@@ -89,6 +91,7 @@ impl Writer {
             flusher,
             snapshot,
             work_queued,
+            callback_jobs,
             aging_interval_ms,
             next_aging_ms: 0,
         }
@@ -185,6 +188,14 @@ impl Writer {
             }
             Command::Tick => {
                 self.tick(group);
+                true
+            }
+            Command::CallbackDone {
+                id,
+                attempt,
+                outcome,
+            } => {
+                self.callback_done(id, attempt, &outcome, group);
                 true
             }
             Command::Shutdown => false,

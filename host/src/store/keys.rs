@@ -9,6 +9,13 @@ pub const KEY: u8 = b'k';
 /// `g | first seq`: a block of the event log.
 pub const BLOCK: u8 = b'g';
 pub const STATE: u8 = b's';
+/// `c | task id`: a terminal task whose completion callback is still to be delivered.
+pub const CALLBACK: u8 = b'c';
+
+pub fn callback(id: TaskId) -> [u8; 17] {
+    prefixed(CALLBACK, id)
+}
+
 /// `w | seq`: an entry of the worker log.
 pub const WORKER_EVENT: u8 = b'w';
 

@@ -91,8 +91,9 @@ pub struct Recovery {
     pub last_worker_event_seq: u64,
     pub last_task_id: Option<TaskId>,
     pub tasks_by_state: [u64; 12],
-    /// Every task not yet terminal, in id order: the engine rebuilds its queues, leases and
-    /// timers from them.
+    /// Every task not yet terminal, in id order, then the terminal ones whose completion
+    /// callback is still to be delivered: the engine rebuilds its queues, leases and timers
+    /// from them.
     pub live: Vec<Task>,
 }
 

@@ -212,6 +212,11 @@ impl Store for SledStore {
                     entry.insert(record::split(&old)?.tail())
                 }
             };
+            if task.callback_pending() {
+                batch.insert(&keys::callback(task.id)[..], &[][..]);
+            } else if task.callback.is_some() {
+                batch.remove(&keys::callback(task.id)[..]);
+            }
             let task_json = serde_json::to_vec(task).map_err(|e| corrupt("task", e))?;
             batch.insert(&keys::task(task.id)[..], record::encode(&task_json, tail)?);
         }
@@ -384,6 +389,14 @@ impl Store for SledStore {
                     .ok_or_else(|| corrupt("state index", format!("{id} has no record")))?;
                 recovery.live.push(task);
             }
+        }
+        for entry in self.tree.scan_prefix([keys::CALLBACK]) {
+            let (key, _) = entry?;
+            let id = keys::id_at(&key, 1).ok_or_else(|| corrupt("callback index", "short key"))?;
+            let task = self
+                .task(id)?
+                .ok_or_else(|| corrupt("callback index", format!("{id} has no record")))?;
+            recovery.live.push(task);
         }
         Ok(recovery)
     }

@@ -1,0 +1,84 @@
+//! The callback deliverer: a thread of its own with a small async runtime that POSTs terminal
+//! tasks to their `callback_url`s, a bounded number at a time, and tells the writer how each
+//! attempt went. It never blocks the writer: jobs arrive through a bounded queue (a full queue
+//! defers the attempt to its retry time), and an answer that cannot be handed back is simply
+//! retried later, since delivery is at least once.
+
+use super::Command;
+use crate::engine::{CALLBACK_ATTEMPT_TIMEOUT_MS, CallbackOutcome};
+use crate::model::TaskId;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Semaphore, mpsc};
+
+/// Deliveries in flight at once.
+const MAX_IN_FLIGHT: usize = 16;
+/// Jobs waiting for a slot at most.
+pub(crate) const QUEUE_CAPACITY: usize = 1_024;
+
+pub(crate) struct Job {
+    pub id: TaskId,
+    pub attempt: u32,
+    pub url: String,
+    pub body: Vec<u8>,
+}
+
+/// Starts the deliverer; it stops when every job sender is gone.
+pub(crate) fn spawn(commands: mpsc::Sender<Command>) -> std::io::Result<mpsc::Sender<Job>> {
+    let (jobs, mut inbox) = mpsc::channel::<Job>(QUEUE_CAPACITY);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(CALLBACK_ATTEMPT_TIMEOUT_MS / 2))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(std::io::Error::other)?;
+    std::thread::Builder::new()
+        .name("sluice-callbacks".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+                while let Some(job) = inbox.recv().await {
+                    let Ok(slot) = slots.clone().acquire_owned().await else {
+                        break;
+                    };
+                    let http = http.clone();
+                    let commands = commands.clone();
+                    tokio::spawn(async move {
+                        let outcome = deliver(&http, &job).await;
+                        // A full or closed queue loses only this answer: the attempt is
+                        // retried once its timeout passes.
+                        let _ = commands.try_send(Command::CallbackDone {
+                            id: job.id,
+                            attempt: job.attempt,
+                            outcome,
+                        });
+                        drop(slot);
+                    });
+                }
+            });
+        })?;
+    Ok(jobs)
+}
+
+async fn deliver(http: &reqwest::Client, job: &Job) -> CallbackOutcome {
+    let sent = http
+        .post(&job.url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .header("sluice-callback-attempt", job.attempt.to_string())
+        .body(job.body.clone())
+        .send()
+        .await;
+    match sent {
+        Ok(response) if response.status().is_success() => CallbackOutcome::Delivered {
+            status: response.status().as_u16(),
+        },
+        Ok(response) => CallbackOutcome::Failed {
+            reason: format!("HTTP {}", response.status().as_u16()),
+        },
+        Err(error) => CallbackOutcome::Failed {
+            reason: error.to_string().chars().take(200).collect(),
+        },
+    }
+}
