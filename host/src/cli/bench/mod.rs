@@ -1,6 +1,7 @@
 //! `sluice bench`: benchmarks that print figures (tests assert behaviour, never timings).
 
 mod child;
+mod e2e;
 mod policy;
 mod restart;
 mod submit;
@@ -11,6 +12,8 @@ pub enum BenchCommand {
     Submit(submit::SubmitBenchArgs),
     /// Time to reopen a store of N tasks and rebuild the in-memory indexes; disk and memory.
     Restart(restart::RestartBenchArgs),
+    /// End-to-end tasks/s (submit → claim → complete over HTTP, durable) and claim latency.
+    E2e(e2e::E2eBenchArgs),
     /// Cost per decision of each default policy, WASM against native; compile and swap time.
     Policy(policy::PolicyBenchArgs),
 }
@@ -20,5 +23,6 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Submit(args) => submit::run(args).await,
         BenchCommand::Restart(args) => restart::run(args).await,
         BenchCommand::Policy(args) => policy::run(args).await,
+        BenchCommand::E2e(args) => e2e::run(args).await,
     }
 }

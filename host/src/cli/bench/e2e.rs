@@ -1,0 +1,216 @@
+//! `sluice bench e2e`: end-to-end tasks per second over HTTP, durable at every step: tasks are
+//! submitted in batches while workers claim them (in batches, long-polling) and report each
+//! one complete; and the claim latency the workers see.
+
+use super::child::ChildServer;
+use anyhow::{Context, bail};
+use sluice::client::Client;
+use sluice::model::{Gpu, Heartbeat};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct E2eBenchArgs {
+    /// Measure this server instead of starting a fresh `sluice serve` on a temporary directory.
+    #[arg(long)]
+    server: Option<String>,
+    /// Tasks to push through.
+    #[arg(long, default_value_t = 20_000)]
+    tasks: usize,
+    /// Concurrent workers.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Tasks one claim asks for (1 to 64); also each worker's concurrency.
+    #[arg(long, default_value_t = 32)]
+    claim_batch: usize,
+    /// Concurrent submitting clients, each sending batches of 100 tasks.
+    #[arg(long, default_value_t = 4)]
+    submitters: usize,
+}
+
+pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
+    if args.tasks == 0 || args.tasks > 10_000_000 {
+        bail!("--tasks must be 1 to 10000000");
+    }
+    if !(1..=1024).contains(&args.workers) || !(1..=64).contains(&args.claim_batch) {
+        bail!("--workers must be 1 to 1024 and --claim-batch 1 to 64");
+    }
+    if !(1..=256).contains(&args.submitters) {
+        bail!("--submitters must be 1 to 256");
+    }
+    let (url, child) = match &args.server {
+        Some(url) => (url.clone(), None),
+        None => {
+            let child = tokio::task::spawn_blocking(ChildServer::start_fresh).await??;
+            (child.url.clone(), Some(child))
+        }
+    };
+    let client = Client::with_pool(&url, 256)?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .context("HTTP client")?;
+    let nonce = std::process::id();
+    let done = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..args.workers {
+        let (client, done) = (client.clone(), done.clone());
+        let (total, batch) = (args.tasks, args.claim_batch);
+        workers.spawn(async move {
+            worker(client, format!("bench-{nonce}-{w}"), batch, total, done).await
+        });
+    }
+    let mut submitters = tokio::task::JoinSet::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    for _ in 0..args.submitters {
+        let (http, next, url) = (http.clone(), next.clone(), url.clone());
+        let total = args.tasks;
+        submitters.spawn(async move { submit(http, url, next, total, nonce).await });
+    }
+    while let Some(joined) = submitters.join_next().await {
+        joined??;
+    }
+    let submitted_after = started.elapsed();
+    let mut claim_us: Vec<u32> = Vec::new();
+    let mut empty_claims = 0usize;
+    while let Some(joined) = workers.join_next().await {
+        let (latencies, empty) = joined??;
+        claim_us.extend(latencies);
+        empty_claims += empty;
+    }
+    let elapsed = started.elapsed();
+    claim_us.sort_unstable();
+    let pct = |q: f64| {
+        claim_us
+            .get(((claim_us.len().max(1) - 1) as f64 * q).round() as usize)
+            .map_or(f64::NAN, |&us| f64::from(us) / 1000.0)
+    };
+    println!(
+        "end to end over HTTP at {url}: {} tasks, {} workers claiming up to {} each, {} submitters",
+        args.tasks, args.workers, args.claim_batch, args.submitters
+    );
+    println!(
+        "tasks/s {:.0} (submit → claim → complete, all durable); all submitted after {:.2} s, all complete after {:.2} s",
+        args.tasks as f64 / elapsed.as_secs_f64(),
+        submitted_after.as_secs_f64(),
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "claim latency with work: p50 {:.2} ms, p99 {:.2} ms over {} claims ({} came back empty)",
+        pct(0.50),
+        pct(0.99),
+        claim_us.len(),
+        empty_claims
+    );
+    drop(child);
+    Ok(())
+}
+
+async fn submit(
+    http: reqwest::Client,
+    url: String,
+    next: Arc<AtomicUsize>,
+    total: usize,
+    nonce: u32,
+) -> anyhow::Result<()> {
+    const BATCH: usize = 100;
+    loop {
+        let first = next.fetch_add(BATCH, Ordering::Relaxed);
+        if first >= total {
+            return Ok(());
+        }
+        let tasks: Vec<serde_json::Value> = (first..(first + BATCH).min(total))
+            .map(|n| {
+                let priority = ["urgent", "normal", "low"][n % 3];
+                serde_json::json!({"kind": "bench.e2e", "priority": priority,
+                    "key": format!("e2e-{nonce}-{n}"), "payload": {"n": n}})
+            })
+            .collect();
+        let response = http
+            .post(format!("{url}/v1/tasks:batch"))
+            .json(&serde_json::json!({ "tasks": tasks }))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!("batch submission answered {}", response.status());
+        }
+    }
+}
+
+/// Claims and completes until `total` tasks are done across all workers; returns the latency
+/// of each claim that brought work, and how many came back empty.
+async fn worker(
+    client: Client,
+    id: String,
+    batch: usize,
+    total: usize,
+    done: Arc<AtomicUsize>,
+) -> anyhow::Result<(Vec<u32>, usize)> {
+    let heartbeat = Heartbeat {
+        gpus: vec![
+            Gpu {
+                model: "bench".into(),
+                memory_mb: 80_000,
+                free: true,
+            };
+            batch
+        ],
+        max_concurrency: batch as u32,
+        ..Heartbeat::default()
+    };
+    client.worker_heartbeat(&id, &heartbeat).await?;
+    let mut latencies = Vec::new();
+    let mut empty = 0;
+    let mut last_beat = Instant::now();
+    while done.load(Ordering::Relaxed) < total {
+        if last_beat.elapsed() > Duration::from_secs(5) {
+            client.worker_heartbeat(&id, &heartbeat).await?;
+            last_beat = Instant::now();
+        }
+        let sent = Instant::now();
+        let claimed = client.claim(&id, batch, 200).await?;
+        if claimed.leases.is_empty() {
+            empty += 1;
+            continue;
+        }
+        latencies.push(sent.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+        let reports = claimed.leases.into_iter().map(|grant| {
+            let client = client.clone();
+            async move {
+                let mut body = serde_json::Map::new();
+                body.insert("result".into(), serde_json::json!({"ok": true}));
+                client
+                    .report(grant.task.id, &grant.lease_token, "complete", body)
+                    .await
+            }
+        });
+        for reported in futures_join(reports).await {
+            reported?;
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok((latencies, empty))
+}
+
+/// Runs the futures concurrently and collects their outputs.
+async fn futures_join<F: std::future::Future + Send + 'static>(
+    futures: impl Iterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for future in futures {
+        set.spawn(future);
+    }
+    let mut out = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        if let Ok(value) = joined {
+            out.push(value);
+        }
+    }
+    out
+}
