@@ -187,6 +187,13 @@ impl Client {
             .await
     }
 
+    /// Several reports in one request (`POST /v1/reports`): each item is `{report, task,
+    /// lease_token, ...}`; the answer holds one result per item, in order.
+    pub async fn report_batch(&self, reports: Vec<Value>) -> Result<Value, ClientError> {
+        self.post_json("/v1/reports", &serde_json::json!({ "reports": reports }))
+            .await
+    }
+
     pub async fn workers(&self) -> Result<Value, ClientError> {
         self.get_json("/v1/workers", &[]).await
     }

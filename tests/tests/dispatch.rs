@@ -360,3 +360,61 @@ async fn a_completion_callback_is_retried_until_delivered_and_each_attempt_is_an
         task.body
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_reports_is_answered_item_by_item() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let client = http();
+    for _ in 0..2 {
+        post_json(
+            &client,
+            &server.endpoint("/v1/tasks"),
+            &json!({"kind": "k"}),
+        )
+        .await;
+    }
+    let beat = post_json(
+        &client,
+        &server.endpoint("/v1/workers/w/heartbeat"),
+        &json!({"max_concurrency": 2}),
+    )
+    .await;
+    assert_eq!(beat.status, 200);
+    let claimed = post_json(
+        &client,
+        &server.endpoint("/v1/workers/w/claim"),
+        &json!({"max": 2}),
+    )
+    .await;
+    let leases = claimed.body["leases"].as_array().unwrap().clone();
+    assert_eq!(leases.len(), 2);
+    let reports = json!({"reports": [
+        {"report": "complete", "task": leases[0]["task"]["id"], "lease_token": leases[0]["lease_token"], "result": 1},
+        {"report": "fail", "task": leases[1]["task"]["id"], "lease_token": "not-the-token", "class": "transient"},
+        {"report": "complete", "task": "nonsense", "lease_token": "x"},
+        {"report": "fail", "task": leases[1]["task"]["id"], "lease_token": leases[1]["lease_token"], "class": "permanent", "message": "bad scan"},
+    ]});
+    let answer = post_json(&client, &server.endpoint("/v1/reports"), &reports).await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    let results = answer.body["results"].as_array().unwrap();
+    let statuses: Vec<u64> = results
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [200, 409, 400, 200]);
+    assert_eq!(results[0]["task"]["state"], "completed");
+    assert_eq!(
+        results[1]["problem"]["type"],
+        "urn:sluice:problem:stale-lease"
+    );
+    assert_eq!(results[3]["task"]["state"], "dead");
+    let too_many: Vec<Value> = (0..1001).map(|_| json!({})).collect();
+    let refused = post_json(
+        &client,
+        &server.endpoint("/v1/reports"),
+        &json!({ "reports": too_many }),
+    )
+    .await;
+    assert_problem(&refused, 400, "invalid-request");
+}

@@ -8,6 +8,7 @@ mod tasks;
 mod workers;
 
 pub use problem::{ApiError, PROBLEM_JSON, Problem};
+pub use reports::MAX_BATCH_REPORTS;
 pub use tasks::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAY, MAX_BATCH_TASKS};
 pub use workers::{ClaimRefusal, ClaimResponse, LeaseGrant, MAX_CLAIM};
 
@@ -119,6 +120,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks/{id}/heartbeat", post(reports::heartbeat))
         .route("/v1/tasks/{id}/complete", post(reports::complete))
         .route("/v1/tasks/{id}/fail", post(reports::fail))
+        .route("/v1/reports", post(reports::batch))
         .route("/v1/workers", get(workers::list))
         .route("/v1/workers/{id}/heartbeat", post(workers::heartbeat))
         .route("/v1/workers/{id}/claim", post(workers::claim))

@@ -2,15 +2,19 @@
 //! the lease token the claim gave; a stale token is refused with 409 and logged.
 
 use super::AppState;
-use super::extract::{SMALL_BODY_BYTES, TaskIdPath, read_json};
-use super::problem::ApiError;
+use super::extract::{SMALL_BODY_BYTES, TaskIdPath, decode_json, read_json};
+use super::problem::{ApiError, Problem};
 use crate::engine::Report;
-use crate::model::{FailureClass, Task};
+use crate::model::{FailureClass, Task, TaskId};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State as Shared;
 use axum::http::HeaderMap;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// Reports one batch may carry.
+pub const MAX_BATCH_REPORTS: usize = 1000;
 
 /// A failure message is cut to this many bytes.
 const MAX_MESSAGE_BYTES: usize = 4096;
@@ -116,14 +120,7 @@ pub async fn fail(
             "class lease-expired is the scheduler's to give; use transient, node-busy, timeout, permanent or invalid-input".into(),
         ));
     }
-    let mut message = request.message;
-    if message.len() > MAX_MESSAGE_BYTES {
-        let mut end = MAX_MESSAGE_BYTES;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
-    }
+    let message = bounded_message(request.message);
     let task = state
         .scheduler
         .report(
@@ -136,4 +133,155 @@ pub async fn fail(
         )
         .await?;
     Ok(Json(task))
+}
+
+fn bounded_message(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    message
+}
+
+/// One item of `POST /v1/reports`.
+#[derive(Deserialize)]
+#[serde(tag = "report", rename_all = "snake_case", deny_unknown_fields)]
+enum BatchItemRequest {
+    Start {
+        task: TaskId,
+        lease_token: String,
+    },
+    Heartbeat {
+        task: TaskId,
+        lease_token: String,
+    },
+    Complete {
+        task: TaskId,
+        lease_token: String,
+        #[serde(default)]
+        result: serde_json::Value,
+    },
+    Fail {
+        task: TaskId,
+        lease_token: String,
+        class: FailureClass,
+        #[serde(default)]
+        message: String,
+    },
+}
+
+impl BatchItemRequest {
+    fn into_report(self) -> Result<(TaskId, String, Report), ApiError> {
+        Ok(match self {
+            BatchItemRequest::Start { task, lease_token } => (task, lease_token, Report::Start),
+            BatchItemRequest::Heartbeat { task, lease_token } => {
+                (task, lease_token, Report::Heartbeat)
+            }
+            BatchItemRequest::Complete {
+                task,
+                lease_token,
+                result,
+            } => (task, lease_token, Report::Complete { result }),
+            BatchItemRequest::Fail {
+                task,
+                lease_token,
+                class,
+                message,
+            } => {
+                if class == FailureClass::LeaseExpired {
+                    return Err(ApiError::InvalidRequest(
+                        "class lease-expired is the scheduler's to give".into(),
+                    ));
+                }
+                let message = bounded_message(message);
+                (task, lease_token, Report::Fail { class, message })
+            }
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    reports: Vec<Box<RawValue>>,
+}
+
+/// One report's answer: the status it would have had alone, and its task or its problem.
+#[derive(Serialize)]
+pub struct BatchItem {
+    status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task: Option<Task>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<Problem>,
+}
+
+impl BatchItem {
+    fn from_error(error: ApiError) -> Self {
+        BatchItem {
+            status: error.status().as_u16(),
+            task: None,
+            problem: Some(error.problem()),
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct BatchResponse {
+    results: Vec<BatchItem>,
+}
+
+/// `POST /v1/reports`: many reports in one request (a worker finishing a batch of tasks at
+/// once), one durable write for all; each is judged and answered on its own, in order.
+pub async fn batch(
+    Shared(state): Shared<AppState>,
+    headers: HeaderMap,
+    raw: Body,
+) -> Result<Json<BatchResponse>, ApiError> {
+    let limit = state.limits.batch_body_bytes;
+    let request: BatchRequest = body(&state, &headers, raw, limit).await?;
+    if request.reports.len() > MAX_BATCH_REPORTS {
+        return Err(ApiError::InvalidRequest(format!(
+            "a batch holds at most {MAX_BATCH_REPORTS} reports; this one has {}",
+            request.reports.len()
+        )));
+    }
+    let mut results: Vec<Option<BatchItem>> = Vec::with_capacity(request.reports.len());
+    let mut valid = Vec::new();
+    for raw in &request.reports {
+        let parsed = decode_json::<BatchItemRequest>(raw.get().as_bytes())
+            .and_then(BatchItemRequest::into_report);
+        match parsed {
+            Ok(report) => {
+                valid.push(report);
+                results.push(None);
+            }
+            Err(error) => results.push(Some(BatchItem::from_error(error))),
+        }
+    }
+    let answers = if valid.is_empty() {
+        Vec::new()
+    } else {
+        state.scheduler.report_many(valid).await?
+    };
+    let mut answers = answers.into_iter();
+    let results = results
+        .into_iter()
+        .map(|slot| match slot {
+            Some(item) => item,
+            None => match answers.next() {
+                Some(Ok(task)) => BatchItem {
+                    status: 200,
+                    task: Some(task),
+                    problem: None,
+                },
+                Some(Err(error)) => BatchItem::from_error(error.into()),
+                None => BatchItem::from_error(ApiError::Internal("missing report answer".into())),
+            },
+        })
+        .collect();
+    Ok(Json(BatchResponse { results }))
 }

@@ -11,6 +11,7 @@ mod clock;
 mod decider;
 mod dispatch;
 mod flusher;
+mod task_cache;
 mod writer;
 
 pub use clock::{Clock, SystemClock};
@@ -121,6 +122,11 @@ pub(crate) enum Command {
         token: String,
         report: Report,
         reply: oneshot::Sender<Result<Task, SchedulerError>>,
+    },
+    /// Several reports in one request, each judged on its own, answered in order.
+    ReportMany {
+        reports: Vec<(TaskId, String, Report)>,
+        reply: oneshot::Sender<Vec<Result<Task, SchedulerError>>>,
     },
     ResetWorker {
         worker: String,
@@ -282,6 +288,16 @@ impl Scheduler {
             reply,
         })?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
+    /// Several reports at once: one command, one durable write, one answer each, in order.
+    pub async fn report_many(
+        &self,
+        reports: Vec<(TaskId, String, Report)>,
+    ) -> Result<Vec<Result<Task, SchedulerError>>, SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::ReportMany { reports, reply })?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)
     }
 
     pub async fn reset_worker(

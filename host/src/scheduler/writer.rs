@@ -67,6 +67,7 @@ pub(crate) struct Writer {
     pub(super) callback_jobs: mpsc::Sender<super::callbacks::Job>,
     pub(super) aging_interval_ms: u64,
     pub(super) next_aging_ms: u64,
+    cache: super::task_cache::TaskCache,
 }
 
 impl Writer {
@@ -94,6 +95,7 @@ impl Writer {
             callback_jobs,
             aging_interval_ms,
             next_aging_ms: 0,
+            cache: super::task_cache::TaskCache::default(),
         }
     }
 
@@ -173,6 +175,14 @@ impl Writer {
                 group.answer(reply, answer);
                 true
             }
+            Command::ReportMany { reports, reply } => {
+                let answers = reports
+                    .into_iter()
+                    .map(|(id, token, report)| self.report(id, &token, report, group))
+                    .collect();
+                group.answer(reply, answers);
+                true
+            }
             Command::ResetWorker {
                 worker,
                 actor,
@@ -243,6 +253,7 @@ impl Writer {
 
     /// After a failed commit the engine is ahead of the store: rebuild it from the store.
     fn resync(&mut self) {
+        self.cache.clear();
         match self.store.recover() {
             Ok(recovery) => {
                 let options = self.engine.options().clone();
@@ -334,6 +345,9 @@ impl Writer {
         if let Some(&index) = group.latest_write.get(&id) {
             return Ok(group.change.writes[index].task.clone());
         }
+        if let Some(task) = self.cache.get(id) {
+            return Ok(task.clone());
+        }
         self.store.task(id)?.ok_or(SchedulerError::NotFound(id))
     }
 
@@ -346,6 +360,7 @@ impl Writer {
             group
                 .latest_write
                 .insert(write.task.id, first_write + offset);
+            self.cache.put(&write.task);
         }
         for new in &change.new_tasks {
             group.payload_bytes += new.payload_json.len();
@@ -369,7 +384,7 @@ impl<T> Durable for Result<T, SchedulerError> {
     }
 }
 
-impl Durable for Vec<SubmitResult> {
+impl<T> Durable for Vec<Result<T, SchedulerError>> {
     fn failed(self, error: Arc<StoreError>) -> Self {
         self.into_iter()
             .map(|item| item.failed(error.clone()))

@@ -1,6 +1,6 @@
 //! `sluice bench e2e`: end-to-end tasks per second over HTTP, durable at every step: tasks are
 //! submitted in batches while workers claim them (in batches, long-polling) and report each
-//! one complete; and the claim latency the workers see.
+//! claimed batch complete in one request; and the claim latency the workers see.
 
 use super::child::ChildServer;
 use anyhow::{Context, bail};
@@ -177,40 +177,27 @@ async fn worker(
             continue;
         }
         latencies.push(sent.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
-        let reports = claimed.leases.into_iter().map(|grant| {
-            let client = client.clone();
-            async move {
-                let mut body = serde_json::Map::new();
-                body.insert("result".into(), serde_json::json!({"ok": true}));
-                client
-                    .report(grant.task.id, &grant.lease_token, "complete", body)
-                    .await
-            }
+        // The batch ran together, as batched inference does: one report for all of it.
+        let reports: Vec<serde_json::Value> = claimed
+            .leases
+            .iter()
+            .map(|grant| {
+                serde_json::json!({"report": "complete", "task": grant.task.id,
+                    "lease_token": grant.lease_token, "result": {"ok": true}})
+            })
+            .collect();
+        let answer = client.report_batch(reports).await?;
+        let completed = answer["results"].as_array().map_or(0, |results| {
+            results.iter().filter(|r| r["status"] == 200).count()
         });
-        for reported in futures_join(reports).await {
-            reported?;
-            done.fetch_add(1, Ordering::Relaxed);
+        if completed != claimed.leases.len() {
+            bail!(
+                "{} of {} completions were refused",
+                claimed.leases.len() - completed,
+                claimed.leases.len()
+            );
         }
+        done.fetch_add(completed, Ordering::Relaxed);
     }
     Ok((latencies, empty))
-}
-
-/// Runs the futures concurrently and collects their outputs.
-async fn futures_join<F: std::future::Future + Send + 'static>(
-    futures: impl Iterator<Item = F>,
-) -> Vec<F::Output>
-where
-    F::Output: Send + 'static,
-{
-    let mut set = tokio::task::JoinSet::new();
-    for future in futures {
-        set.spawn(future);
-    }
-    let mut out = Vec::new();
-    while let Some(joined) = set.join_next().await {
-        if let Ok(value) = joined {
-            out.push(value);
-        }
-    }
-    out
 }
