@@ -236,6 +236,7 @@ impl From<SchedulerError> for ApiError {
                 ApiError::StaleLease { task_id, reason }
             }
             SchedulerError::UnknownWorker(worker) => ApiError::WorkerNotFound(worker),
+            SchedulerError::TooManyWorkers(_) => ApiError::Overloaded,
             SchedulerError::Store(error) => ApiError::Internal(error.to_string()),
         }
     }

@@ -121,6 +121,14 @@ impl Breaker {
         }
     }
 
+    /// Forgets a probe that ended without an outcome (cancelled, say), so the worker can be
+    /// probed again.
+    pub fn probe_ended(&mut self, task: TaskId) {
+        if self.state == (BreakerState::HalfOpen { probe: Some(task) }) {
+            self.state = BreakerState::HalfOpen { probe: None };
+        }
+    }
+
     /// Marks `task` as the half-open breaker's probe.
     pub fn probing(&mut self, task: TaskId) {
         if let BreakerState::HalfOpen { probe } = &mut self.state {

@@ -2,7 +2,7 @@
 //! robin over the buckets that hold a task this worker can run, first in line first inside a
 //! bucket; each grant becomes a lease.
 
-use super::breaker::Allowance;
+use super::breaker::{Allowance, BreakerState};
 use super::{Engine, Waiting};
 use crate::model::{Actor, Lease, Priority, State, Task, TaskId, WorkerEvent};
 use crate::store::Change;
@@ -62,6 +62,11 @@ impl Engine {
         };
         if !worker.is_fresh(now_ms, stale_after_ms) {
             return (Err(NoClaim::Stale { stale_after_ms }), None);
+        }
+        if let BreakerState::HalfOpen { probe: Some(probe) } = worker.breaker.state()
+            && !worker.leases.contains_key(&probe)
+        {
+            worker.breaker.probe_ended(probe);
         }
         let (allowance, change) = worker.breaker.allowance(now_ms);
         let event = change

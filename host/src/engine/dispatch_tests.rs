@@ -570,3 +570,52 @@ fn callbacks_retry_with_backoff_ignore_stale_answers_and_give_up_at_the_bound() 
     assert!(delays.iter().all(|&d| d <= 600_000));
     assert_eq!(task.state, State::Completed);
 }
+
+#[test]
+fn a_cancelled_probe_frees_the_half_open_breaker_and_the_worker_table_is_bounded() {
+    let mut world = World::new(
+        13,
+        EngineOptions {
+            max_workers: 2,
+            ..options()
+        },
+    );
+    for _ in 0..10 {
+        world.submit(Priority::Normal, json!({}));
+    }
+    world.heartbeat("sick", 0, 1);
+    for _ in 0..5 {
+        let task = world.claim("sick", 1).remove(0);
+        fail(&mut world, &task, FailureClass::Transient);
+    }
+    world.now_ms += 30_000;
+    world.heartbeat("sick", 0, 1);
+    let probe = world.claim("sick", 1).remove(0);
+    let change = world
+        .engine
+        .plan_transition(
+            world.now_ms,
+            &world.tasks[&probe.id].clone(),
+            State::Cancelled,
+            crate::model::Actor::api(),
+            None,
+        )
+        .unwrap();
+    world.commit(change);
+    assert_eq!(world.claim("sick", 1).len(), 1, "a new probe goes out");
+
+    let other = crate::model::Heartbeat::default();
+    assert!(
+        world
+            .engine
+            .heartbeat(world.now_ms, "second", other.clone())
+            .is_ok()
+    );
+    assert!(
+        world
+            .engine
+            .heartbeat(world.now_ms, "third", other.clone())
+            .is_err()
+    );
+    assert!(world.engine.heartbeat(world.now_ms, "sick", other).is_ok());
+}

@@ -28,7 +28,7 @@ pub use queues::{BucketQueues, Waiting};
 pub use reaper::Due;
 pub use reports::{Report, RetryDecision, Verdict, judge_report};
 pub use views::{failure as failure_view, from_bucket, to_bucket, view as task_view};
-pub use workers::WorkerView;
+pub use workers::{TooManyWorkers, WorkerView};
 
 use crate::model::{
     Actor, Admission, Event, IdGenerator, IllegalTransition, State, Submission, Task, TaskId,
@@ -81,6 +81,8 @@ pub struct EngineOptions {
     pub fit_scan_limit: usize,
     /// Tasks one claim may take.
     pub max_claim: usize,
+    /// Workers known at once.
+    pub max_workers: usize,
     pub breaker: BreakerOptions,
 }
 
@@ -92,6 +94,7 @@ impl Default for EngineOptions {
             forget_worker_ms: 3_600_000,
             fit_scan_limit: 256,
             max_claim: 64,
+            max_workers: 10_000,
             breaker: BreakerOptions::default(),
         }
     }

@@ -97,7 +97,9 @@ impl World {
             max_concurrency,
             ..Heartbeat::default()
         };
-        self.engine.heartbeat(self.now_ms, worker, heartbeat);
+        self.engine
+            .heartbeat(self.now_ms, worker, heartbeat)
+            .unwrap();
     }
 
     /// Claims up to `max` tasks for `worker`; the leased tasks.

@@ -75,6 +75,12 @@ impl WorkerState {
     }
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the scheduler already knows {max} workers; silent ones are forgotten after a while")]
+pub struct TooManyWorkers {
+    pub max: usize,
+}
+
 /// A worker as `GET /v1/workers` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct WorkerView {
@@ -160,11 +166,23 @@ impl Workers {
 }
 
 impl super::Engine {
-    /// Registers or refreshes a worker.
-    pub fn heartbeat(&mut self, now_ms: u64, worker: &str, heartbeat: Heartbeat) {
+    /// Registers or refreshes a worker. A new worker past `max_workers` is refused, so the
+    /// table stays bounded whatever ids callers send.
+    pub fn heartbeat(
+        &mut self,
+        now_ms: u64,
+        worker: &str,
+        heartbeat: Heartbeat,
+    ) -> Result<(), TooManyWorkers> {
+        if self.workers.get(worker).is_none() && self.workers.len() >= self.options.max_workers {
+            return Err(TooManyWorkers {
+                max: self.options.max_workers,
+            });
+        }
         let state = self.workers.entry(worker);
         state.heartbeat = heartbeat;
         state.last_heartbeat_ms = Some(now_ms);
+        Ok(())
     }
 
     /// Forgets long-silent workers that hold nothing, so the table stays bounded.

@@ -50,6 +50,8 @@ pub enum SchedulerError {
     #[error("no worker {0}: it has never sent a heartbeat, or was forgotten")]
     UnknownWorker(String),
     #[error(transparent)]
+    TooManyWorkers(#[from] crate::engine::TooManyWorkers),
+    #[error(transparent)]
     Store(#[from] Arc<StoreError>),
 }
 
@@ -110,7 +112,7 @@ pub(crate) enum Command {
     Heartbeat {
         worker: String,
         heartbeat: Heartbeat,
-        reply: oneshot::Sender<Vec<WorkerView>>,
+        reply: oneshot::Sender<Result<Vec<WorkerView>, SchedulerError>>,
     },
     Claim {
         worker: String,
@@ -257,7 +259,7 @@ impl Scheduler {
             heartbeat,
             reply,
         })?;
-        answer.await.map_err(|_| SchedulerError::ShuttingDown)
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
     /// Leases up to `max` tasks to `worker` at once, or says why it gets none.

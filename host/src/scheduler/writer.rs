@@ -155,9 +155,12 @@ impl Writer {
                 reply,
             } => {
                 let now_ms = self.clock.now_ms();
-                self.engine.heartbeat(now_ms, &worker, heartbeat);
-                let view = self.engine.worker(now_ms, &worker);
-                let _ = reply.send(view.into_iter().collect());
+                let answer = self
+                    .engine
+                    .heartbeat(now_ms, &worker, heartbeat)
+                    .map(|()| self.engine.worker(now_ms, &worker).into_iter().collect())
+                    .map_err(SchedulerError::from);
+                let _ = reply.send(answer);
                 true
             }
             Command::Claim { worker, max, reply } => {
