@@ -1,5 +1,6 @@
 //! The HTTP API: every route under one router, so later layers (auth, rate limits) wrap them all.
 
+mod batch;
 mod extract;
 mod policies;
 mod problem;

@@ -65,12 +65,7 @@ pub async fn start(
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Json<Task>, ApiError> {
-    let request: TokenOnly = body(&state, &headers, raw, SMALL_BODY_BYTES).await?;
-    let task = state
-        .scheduler
-        .report(id, request.lease_token, Report::Start)
-        .await?;
-    Ok(Json(task))
+    token_report(&state, id, &headers, raw, Report::Start).await
 }
 
 pub async fn heartbeat(
@@ -79,10 +74,21 @@ pub async fn heartbeat(
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Json<Task>, ApiError> {
-    let request: TokenOnly = body(&state, &headers, raw, SMALL_BODY_BYTES).await?;
+    token_report(&state, id, &headers, raw, Report::Heartbeat).await
+}
+
+/// A report whose body is only the lease token.
+async fn token_report(
+    state: &AppState,
+    id: TaskId,
+    headers: &HeaderMap,
+    raw: Body,
+    report: Report,
+) -> Result<Json<Task>, ApiError> {
+    let request: TokenOnly = body(state, headers, raw, SMALL_BODY_BYTES).await?;
     let task = state
         .scheduler
-        .report(id, request.lease_token, Report::Heartbeat)
+        .report(id, request.lease_token, report)
         .await?;
     Ok(Json(task))
 }
@@ -249,39 +255,28 @@ pub async fn batch(
             request.reports.len()
         )));
     }
-    let mut results: Vec<Option<BatchItem>> = Vec::with_capacity(request.reports.len());
-    let mut valid = Vec::new();
-    for raw in &request.reports {
-        let parsed = decode_json::<BatchItemRequest>(raw.get().as_bytes())
-            .and_then(BatchItemRequest::into_report);
-        match parsed {
-            Ok(report) => {
-                valid.push(report);
-                results.push(None);
-            }
-            Err(error) => results.push(Some(BatchItem::from_error(error))),
-        }
-    }
-    let answers = if valid.is_empty() {
-        Vec::new()
-    } else {
-        state.scheduler.report_many(valid).await?
-    };
-    let mut answers = answers.into_iter();
-    let results = results
-        .into_iter()
-        .map(|slot| match slot {
-            Some(item) => item,
-            None => match answers.next() {
-                Some(Ok(task)) => BatchItem {
-                    status: 200,
-                    task: Some(task),
-                    problem: None,
-                },
-                Some(Err(error)) => BatchItem::from_error(error.into()),
-                None => BatchItem::from_error(ApiError::Internal("missing report answer".into())),
-            },
+    let prepared = request
+        .reports
+        .iter()
+        .map(|raw| {
+            decode_json::<BatchItemRequest>(raw.get().as_bytes())
+                .and_then(BatchItemRequest::into_report)
         })
         .collect();
+    let scheduler = &state.scheduler;
+    let results = super::batch::answer_in_order(
+        prepared,
+        |valid| async move { Ok(scheduler.report_many(valid).await?) },
+        |answer| match answer {
+            Ok(task) => BatchItem {
+                status: 200,
+                task: Some(task),
+                problem: None,
+            },
+            Err(error) => BatchItem::from_error(error.into()),
+        },
+        BatchItem::from_error,
+    )
+    .await?;
     Ok(Json(BatchResponse { results }))
 }

@@ -3,7 +3,7 @@
 use super::AppState;
 use super::extract::{Decoded, TaskIdPath, decode_json, decode_query, read_json};
 use super::problem::{ApiError, Problem};
-use crate::model::{Actor, Event, State, Submission, Task, TaskId, TaskSpec};
+use crate::model::{Actor, Event, State, Task, TaskId, TaskSpec};
 use crate::scheduler::{SubmitResult, Submitted};
 use crate::store::ListQuery;
 use axum::Json;
@@ -20,8 +20,8 @@ pub const MAX_BATCH_TASKS: usize = 1000;
 const MAX_LIST_LIMIT: usize = 1000;
 const DEFAULT_LIST_LIMIT: usize = 100;
 const LIST_SCAN_BUDGET: usize = 10_000;
-const MAX_EVENTS_LIMIT: usize = 10_000;
-const DEFAULT_EVENTS_LIMIT: usize = 1000;
+pub(super) const MAX_EVENTS_LIMIT: usize = 10_000;
+pub(super) const DEFAULT_EVENTS_LIMIT: usize = 1000;
 
 pub async fn submit(
     Shared(state): Shared<AppState>,
@@ -142,39 +142,24 @@ pub async fn submit_batch(
             max: MAX_BATCH_TASKS,
         });
     }
-    // Items that fail to parse or validate are answered in place; the rest go to the scheduler
-    // together, and their answers are slotted back in order.
-    let mut results: Vec<Option<BatchItem>> = Vec::with_capacity(request.tasks.len());
-    let mut valid: Vec<Submission> = Vec::new();
-    for raw in &request.tasks {
-        let prepared = decode_json::<TaskSpec>(raw.get().as_bytes()).and_then(|spec| {
-            spec.into_submission(None, &limits.task)
-                .map_err(ApiError::from)
-        });
-        match prepared {
-            Ok(submission) => {
-                valid.push(submission);
-                results.push(None);
-            }
-            Err(error) => results.push(Some(BatchItem::from_error(error))),
-        }
-    }
-    let answers = if valid.is_empty() {
-        Vec::new()
-    } else {
-        state.scheduler.submit_many(valid).await?
-    };
-    let mut answers = answers.into_iter();
-    let results = results
-        .into_iter()
-        .map(|slot| match slot {
-            Some(item) => item,
-            None => match answers.next() {
-                Some(answer) => BatchItem::from_result(answer),
-                None => BatchItem::from_error(ApiError::Internal("missing batch answer".into())),
-            },
+    let prepared = request
+        .tasks
+        .iter()
+        .map(|raw| {
+            decode_json::<TaskSpec>(raw.get().as_bytes()).and_then(|spec| {
+                spec.into_submission(None, &limits.task)
+                    .map_err(ApiError::from)
+            })
         })
         .collect();
+    let scheduler = &state.scheduler;
+    let results = super::batch::answer_in_order(
+        prepared,
+        |valid| async move { Ok(scheduler.submit_many(valid).await?) },
+        BatchItem::from_result,
+        BatchItem::from_error,
+    )
+    .await?;
     Ok(Json(BatchResponse { results }))
 }
 
@@ -220,7 +205,11 @@ pub struct ListParams {
 }
 
 /// A page size from the query: the default when absent, refused outside 1..=max.
-fn page_limit(requested: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+pub(super) fn page_limit(
+    requested: Option<usize>,
+    default: usize,
+    max: usize,
+) -> Result<usize, ApiError> {
     match requested.unwrap_or(default) {
         limit @ 1.. if limit <= max => Ok(limit),
         _ => Err(ApiError::InvalidQuery(format!("limit must be 1 to {max}"))),
@@ -264,11 +253,12 @@ pub async fn list(
     }))
 }
 
+/// `?after=&limit=` of an event page.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventParams {
-    after: Option<u64>,
-    limit: Option<usize>,
+    pub after: Option<u64>,
+    pub limit: Option<usize>,
 }
 
 #[derive(Serialize)]

@@ -4,6 +4,7 @@
 use super::AppState;
 use super::extract::{SMALL_BODY_BYTES, WorkerIdPath, decode_query, read_json};
 use super::problem::ApiError;
+use super::tasks::{DEFAULT_EVENTS_LIMIT, EventParams, MAX_EVENTS_LIMIT, page_limit};
 use crate::engine::{NoClaim, WorkerView};
 use crate::model::{Actor, Heartbeat, Task, WorkerEvent};
 use axum::Json;
@@ -196,13 +197,6 @@ pub async fn reset(
         .ok_or(ApiError::WorkerNotFound(worker))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EventParams {
-    after: Option<u64>,
-    limit: Option<usize>,
-}
-
 #[derive(Serialize)]
 pub struct WorkerEventsResponse {
     events: Vec<WorkerEvent>,
@@ -213,10 +207,7 @@ pub async fn events(
     RawQuery(query): RawQuery,
 ) -> Result<Json<WorkerEventsResponse>, ApiError> {
     let params: EventParams = decode_query(query.as_deref())?;
-    let limit = params.limit.unwrap_or(1000);
-    if !(1..=10_000).contains(&limit) {
-        return Err(ApiError::InvalidQuery("limit must be 1 to 10000".into()));
-    }
+    let limit = page_limit(params.limit, DEFAULT_EVENTS_LIMIT, MAX_EVENTS_LIMIT)?;
     let events = state
         .scheduler
         .worker_events(params.after.unwrap_or(0), limit)?;
