@@ -41,18 +41,23 @@ async fn sigterm_under_load_lets_running_work_finish_then_exits_zero_and_loses_n
     let stopping = Instant::now();
     server.send_sigterm();
     // Draining: not ready, no new submissions.
-    let refused = wait_for("the drain to begin", Duration::from_secs(10), || {
+    let ready = wait_for("the drain to begin", Duration::from_secs(10), || {
         let client = client.clone();
-        let url = server.endpoint("/v1/tasks");
+        let url = server.endpoint("/readyz");
         async move {
-            let answer = post_json(&client, &url, &json!({"kind": "late"})).await;
+            let answer = get_json(&client, &url).await;
             (answer.status == 503).then_some(answer)
         }
     })
     .await;
-    assert_problem(&refused, 503, "draining");
-    let ready = get_json(&client, &server.endpoint("/readyz")).await;
     assert_problem(&ready, 503, "draining");
+    let refused = post_json(
+        &client,
+        &server.endpoint("/v1/tasks"),
+        &json!({"kind": "late"}),
+    )
+    .await;
+    assert_problem(&refused, 503, "draining");
 
     let status = tokio::task::spawn_blocking(move || server.wait())
         .await

@@ -21,13 +21,14 @@ mod views;
 mod workers;
 mod wrr;
 
+pub use crate::model::{from_bucket, task_view, to_bucket};
 pub use breaker::{BreakerOptions, BreakerState};
 pub use callbacks::{CALLBACK_ATTEMPT_TIMEOUT_MS, CallbackOutcome, MAX_CALLBACK_ATTEMPTS};
 pub use claims::{NoClaim, Pick};
 pub use queues::{BucketQueues, Waiting};
 pub use reaper::Due;
 pub use reports::{Report, RetryDecision, Verdict, judge_report};
-pub use views::{failure as failure_view, from_bucket, to_bucket, view as task_view};
+pub use views::failure as failure_view;
 pub use workers::{TooManyWorkers, WorkerView};
 
 use crate::model::{
@@ -155,6 +156,10 @@ impl Engine {
             tasks_by_state: recovery.tasks_by_state,
             ..Engine::new(options)
         };
+        for entry in &recovery.queued {
+            engine.timers.set(entry.id, entry.deadline_at_ms);
+            engine.queues.push(entry.clone());
+        }
         let mut unadmitted = Vec::new();
         for task in &recovery.live {
             if task.state == State::Created {

@@ -1,34 +1,10 @@
 //! Bucket queues: the tasks waiting in each priority bucket in (rank, id) order, each with
-//! what a claim needs to match it to a worker and what the aging policy reads of it.
+//! what a claim needs to match it to a worker and what the aging policy reads of it
+//! (`Waiting`, the model's `QueueEntry`).
 
-use crate::model::{Priority, Task, TaskId};
-use policy_packed::View;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-
-/// A queued task as the dispatcher sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Waiting {
-    pub id: TaskId,
-    pub bucket: Priority,
-    pub rank: u64,
-    pub gpu_memory_mb: u64,
-    /// Labels the worker must carry, each with the same value.
-    pub labels: BTreeMap<String, String>,
-    pub view: View,
-}
-
-impl Waiting {
-    pub fn of(task: &Task) -> Waiting {
-        Waiting {
-            id: task.id,
-            bucket: task.bucket,
-            rank: task.rank,
-            gpu_memory_mb: task.resources.gpu_memory_mb,
-            labels: task.labels.clone(),
-            view: super::views::view(task),
-        }
-    }
-}
+pub use crate::model::QueueEntry as Waiting;
+use crate::model::{Priority, TaskId};
+use std::collections::{BTreeSet, HashMap};
 
 #[derive(Debug, Default)]
 pub struct BucketQueues {

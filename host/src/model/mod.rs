@@ -6,6 +6,7 @@ mod failure;
 mod id;
 mod policy;
 mod priority;
+mod queue_entry;
 mod spec;
 mod state;
 mod task;
@@ -18,6 +19,7 @@ pub use policy::{
     BUILTIN_VERSION, PolicyAction, PolicyEvent, PolicyKind, PolicyVersion, UnknownKind,
 };
 pub use priority::Priority;
+pub use queue_entry::{QueueEntry, from_bucket, to_bucket, view as task_view};
 pub use spec::{Limits, Resources, Submission, TaskSpec, ValidationError};
 pub use state::{IllegalTransition, State};
 pub use task::{Admission, Callback, Lease, Task, TaskError};

@@ -168,14 +168,20 @@ impl Scheduler {
         decider: Arc<dyn Decider>,
         options: &SchedulerOptions,
     ) -> Result<Scheduler, SchedulerError> {
+        let reading = std::time::Instant::now();
         let recovery = store.recover()?;
+        let read_ms = reading.elapsed().as_millis() as u64;
+        let indexing = std::time::Instant::now();
         let (mut engine, unadmitted) = Engine::recover(&recovery, options.engine.clone());
+        let index_ms = indexing.elapsed().as_millis() as u64;
         engine.set_bucket_weights(decider.bucket_weights(clock.now_ms()));
         tracing::info!(
             tasks = recovery.tasks_by_state.iter().sum::<u64>(),
             queued = engine.queues().total(),
             unadmitted = unadmitted.len(),
             last_event_seq = recovery.last_event_seq,
+            read_ms,
+            index_ms,
             "recovered state from the store"
         );
         let (commands, inbox) = mpsc::channel(options.queue_capacity.max(1));

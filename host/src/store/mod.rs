@@ -15,7 +15,7 @@ mod sled_store;
 pub use sled_store::{SledOptions, SledStore};
 
 use crate::model::{
-    Event, PolicyEvent, PolicyKind, PolicyVersion, State, Task, TaskId, WorkerEvent,
+    Event, PolicyEvent, PolicyKind, PolicyVersion, QueueEntry, State, Task, TaskId, WorkerEvent,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -91,9 +91,10 @@ pub struct Recovery {
     pub last_worker_event_seq: u64,
     pub last_task_id: Option<TaskId>,
     pub tasks_by_state: [u64; 12],
-    /// Every task not yet terminal, in id order, then the terminal ones whose completion
-    /// callback is still to be delivered: the engine rebuilds its queues, leases and timers
-    /// from them.
+    /// The queued tasks, from the state index alone.
+    pub queued: Vec<QueueEntry>,
+    /// Every other task not yet terminal, in id order, then the terminal ones whose completion
+    /// callback is still to be delivered: the engine rebuilds its leases and timers from them.
     pub live: Vec<Task>,
 }
 

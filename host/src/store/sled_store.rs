@@ -6,7 +6,7 @@
 use super::keys;
 use super::record;
 use super::{Change, KeyRecord, ListPage, ListQuery, Recovery, Store, StoreError};
-use crate::model::{Event, State, Task, TaskId, WorkerEvent};
+use crate::model::{Event, QueueEntry, State, Task, TaskId, WorkerEvent};
 use std::collections::HashMap;
 use std::collections::HashSet;
 use std::collections::hash_map::Entry;
@@ -196,10 +196,14 @@ impl Store for SledStore {
             {
                 batch.remove(&keys::state(previous, task.id)[..]);
             }
-            batch.insert(
-                &keys::state(task.state, task.id)[..],
-                &[task.bucket.index() as u8][..],
-            );
+            // A queued task's index entry carries its queue entry, so queues are rebuilt at
+            // start from the index alone.
+            let index_value = if task.state == State::Queued {
+                QueueEntry::of(task).encode()
+            } else {
+                vec![task.bucket.index() as u8]
+            };
+            batch.insert(&keys::state(task.state, task.id)[..], index_value);
             let tail = match tails.entry(task.id) {
                 Entry::Occupied(entry) => entry.into_mut(),
                 Entry::Vacant(entry) => {
@@ -376,14 +380,18 @@ impl Store for SledStore {
             recovery.last_task_id = keys::id_at(&key, 1);
         }
         for entry in self.tree.scan_prefix([keys::STATE]) {
-            let (key, _) = entry?;
+            let (key, value) = entry?;
             let state = key
                 .get(1)
                 .and_then(|&code| State::from_code(code))
                 .ok_or_else(|| corrupt("state index", "unknown state code"))?;
             let id = keys::id_at(&key, 2).ok_or_else(|| corrupt("state index", "short key"))?;
             recovery.tasks_by_state[usize::from(state.code())] += 1;
-            if !state.is_terminal() {
+            if state == State::Queued
+                && let Some(queued) = QueueEntry::decode(id, &value)
+            {
+                recovery.queued.push(queued);
+            } else if !state.is_terminal() {
                 let task = self
                     .task(id)?
                     .ok_or_else(|| corrupt("state index", format!("{id} has no record")))?;

@@ -200,9 +200,13 @@ fn recovery_finds_numbering_counts_and_live_tasks_after_reopening() {
         recovery.tasks_by_state[usize::from(State::Cancelled.code())],
         1
     );
-    assert_eq!(recovery.live.len(), 1);
-    assert_eq!(recovery.live[0].id, last_id);
-    assert_ne!(recovery.live[0].id, cancelled_id);
+    // The queued task comes back from its index entry alone, whole.
+    assert!(recovery.live.is_empty());
+    assert_eq!(recovery.queued.len(), 1);
+    assert_eq!(recovery.queued[0].id, last_id);
+    assert_ne!(recovery.queued[0].id, cancelled_id);
+    let record = store.task(last_id).unwrap().unwrap();
+    assert_eq!(recovery.queued[0], crate::model::QueueEntry::of(&record));
 }
 
 #[test]

@@ -30,7 +30,10 @@ impl ChildServer {
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
-            .env("SLUICE_LOG", "warn")
+            .env(
+                "SLUICE_LOG",
+                std::env::var("SLUICE_BENCH_SERVER_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -1,0 +1,161 @@
+//! A queued task as the dispatcher needs it: where it waits, in which order, what it needs of a
+//! worker, what the aging policy reads of it, and its deadline. The store keeps this summary as
+//! the value of the task's state-index entry, so queues are rebuilt at start without decoding
+//! every task record.
+
+use super::{Priority, Task, TaskId};
+use policy_packed::{Bucket, View, name_code};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueueEntry {
+    pub id: TaskId,
+    pub bucket: Priority,
+    pub rank: u64,
+    pub gpu_memory_mb: u64,
+    /// Labels the worker must carry, each with the same value.
+    pub labels: BTreeMap<String, String>,
+    pub view: View,
+    pub deadline_at_ms: Option<u64>,
+}
+
+pub fn to_bucket(priority: Priority) -> Bucket {
+    match priority {
+        Priority::Urgent => Bucket::Urgent,
+        Priority::Normal => Bucket::Normal,
+        Priority::Low => Bucket::Low,
+    }
+}
+
+pub fn from_bucket(bucket: Bucket) -> Priority {
+    match bucket {
+        Bucket::Urgent => Priority::Urgent,
+        Bucket::Normal => Priority::Normal,
+        Bucket::Low => Priority::Low,
+    }
+}
+
+/// The packed view of `task` that the aging and retry policies read.
+pub fn view(task: &Task) -> View {
+    View {
+        // The creation event's seq: arrival order across the whole system.
+        seq: task.event_seqs.first().copied().unwrap_or(task.rank),
+        tenant: name_code(&task.tenant),
+        kind: name_code(&task.kind),
+        bucket: to_bucket(task.bucket),
+        submitted_bucket: to_bucket(task.priority),
+        created_ms: task.created_at_ms,
+        bucket_since_ms: task.bucket_since_ms,
+        attempt: task.attempt,
+        est_exec_ms: task.est_exec_ms,
+    }
+}
+
+/// Layout version of `encode`.
+const FORMAT: u8 = 1;
+const FIXED_BYTES: usize = 2 + 8 * 2 + 8 * 6 + 1 + 8;
+
+impl QueueEntry {
+    pub fn of(task: &Task) -> QueueEntry {
+        QueueEntry {
+            id: task.id,
+            bucket: task.bucket,
+            rank: task.rank,
+            gpu_memory_mb: task.resources.gpu_memory_mb,
+            labels: task.labels.clone(),
+            view: view(task),
+            deadline_at_ms: task.deadline_at_ms,
+        }
+    }
+
+    /// `[bucket][format][rank][gpu_memory_mb][view: 6 words][has deadline][deadline]` then
+    /// the labels as JSON when there are any. The first byte is the bucket, as in the index
+    /// entries of other states.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FIXED_BYTES + 2);
+        out.push(self.bucket.index() as u8);
+        out.push(FORMAT);
+        out.extend_from_slice(&self.rank.to_be_bytes());
+        out.extend_from_slice(&self.gpu_memory_mb.to_be_bytes());
+        for word in self.view.array() {
+            out.extend_from_slice(&word.to_be_bytes());
+        }
+        out.push(u8::from(self.deadline_at_ms.is_some()));
+        out.extend_from_slice(&self.deadline_at_ms.unwrap_or(0).to_be_bytes());
+        if !self.labels.is_empty() {
+            // Plain string maps always serialize.
+            out.extend_from_slice(&serde_json::to_vec(&self.labels).unwrap_or_default());
+        }
+        out
+    }
+
+    /// None for bytes of another layout (an older index entry): read the task record instead.
+    pub fn decode(id: TaskId, bytes: &[u8]) -> Option<QueueEntry> {
+        if bytes.len() < FIXED_BYTES || bytes[1] != FORMAT {
+            return None;
+        }
+        let word = |at: usize| -> Option<u64> {
+            Some(u64::from_be_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+        };
+        let bucket = Priority::from_index(usize::from(bytes[0]))?;
+        let mut view_words = [0u64; 6];
+        for (i, slot) in view_words.iter_mut().enumerate() {
+            *slot = word(18 + 8 * i)?;
+        }
+        let view = View::read(&view_words).ok()?;
+        let deadline_at_ms = (bytes[66] == 1).then(|| word(67)).flatten();
+        let labels = match &bytes[FIXED_BYTES..] {
+            [] => BTreeMap::new(),
+            json => serde_json::from_slice(json).ok()?,
+        };
+        Some(QueueEntry {
+            id,
+            bucket,
+            rank: word(2)?,
+            gpu_memory_mb: word(10)?,
+            labels,
+            view,
+            deadline_at_ms,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_survives_its_encoding_and_old_entries_are_not_misread() {
+        let mut entry = QueueEntry {
+            id: TaskId::from_u128(7),
+            bucket: Priority::Low,
+            rank: 42,
+            gpu_memory_mb: 8_000,
+            labels: BTreeMap::new(),
+            view: View {
+                seq: 9,
+                tenant: 1,
+                kind: 2,
+                bucket: Bucket::Low,
+                submitted_bucket: Bucket::Low,
+                created_ms: 100,
+                bucket_since_ms: 200,
+                attempt: 1,
+                est_exec_ms: 300,
+            },
+            deadline_at_ms: None,
+        };
+        assert_eq!(
+            QueueEntry::decode(entry.id, &entry.encode()),
+            Some(entry.clone())
+        );
+        entry.labels.insert("site".into(), "a".into());
+        entry.deadline_at_ms = Some(5_000);
+        assert_eq!(
+            QueueEntry::decode(entry.id, &entry.encode()),
+            Some(entry.clone())
+        );
+        assert_eq!(QueueEntry::decode(entry.id, &[2]), None);
+        assert_eq!(QueueEntry::decode(entry.id, &entry.encode()[..40]), None);
+    }
+}
