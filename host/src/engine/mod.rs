@@ -145,7 +145,7 @@ impl Engine {
 
     /// Rebuilds the in-memory indexes from what the store holds. Returns the engine and the
     /// tasks that were durable but not yet admitted when the last process stopped.
-    pub fn recover(recovery: &Recovery, options: EngineOptions) -> (Engine, Vec<TaskId>) {
+    pub fn recover(recovery: Recovery, options: EngineOptions) -> (Engine, Vec<TaskId>) {
         let mut engine = Engine {
             ids: recovery
                 .last_task_id
@@ -156,9 +156,10 @@ impl Engine {
             tasks_by_state: recovery.tasks_by_state,
             ..Engine::new(options)
         };
-        for entry in &recovery.queued {
+        engine.queues.reserve(recovery.queued.len());
+        for entry in recovery.queued {
             engine.timers.set(entry.id, entry.deadline_at_ms);
-            engine.queues.push(entry.clone());
+            engine.queues.push(entry);
         }
         let mut unadmitted = Vec::new();
         for task in &recovery.live {

@@ -13,6 +13,11 @@ pub struct BucketQueues {
 }
 
 impl BucketQueues {
+    /// Makes room for `additional` more tasks at once (at start, before a million pushes).
+    pub fn reserve(&mut self, additional: usize) {
+        self.waiting.reserve(additional);
+    }
+
     /// Queues `entry`, replacing the same task's entry if it was already waiting.
     pub fn push(&mut self, entry: Waiting) {
         self.remove(entry.id);

@@ -125,7 +125,7 @@ fn recovery_rebuilds_queues_leases_and_numbering_from_the_live_tasks() {
         ],
         ..Recovery::default()
     };
-    let (engine, pending) = Engine::recover(&recovery, EngineOptions::default());
+    let (engine, pending) = Engine::recover(recovery, EngineOptions::default());
     assert_eq!(pending, [unadmitted.id]);
     assert_eq!(engine.queues().front(Priority::Normal), Some(normal.id));
     assert_eq!(engine.queues().front(Priority::Urgent), Some(urgent.id));

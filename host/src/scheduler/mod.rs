@@ -172,14 +172,16 @@ impl Scheduler {
         let recovery = store.recover()?;
         let read_ms = reading.elapsed().as_millis() as u64;
         let indexing = std::time::Instant::now();
-        let (mut engine, unadmitted) = Engine::recover(&recovery, options.engine.clone());
+        let tasks = recovery.tasks_by_state.iter().sum::<u64>();
+        let last_event_seq = recovery.last_event_seq;
+        let (mut engine, unadmitted) = Engine::recover(recovery, options.engine.clone());
         let index_ms = indexing.elapsed().as_millis() as u64;
         engine.set_bucket_weights(decider.bucket_weights(clock.now_ms()));
         tracing::info!(
-            tasks = recovery.tasks_by_state.iter().sum::<u64>(),
+            tasks,
             queued = engine.queues().total(),
             unadmitted = unadmitted.len(),
-            last_event_seq = recovery.last_event_seq,
+            last_event_seq,
             read_ms,
             index_ms,
             "recovered state from the store"

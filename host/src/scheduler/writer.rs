@@ -260,7 +260,7 @@ impl Writer {
         match self.store.recover() {
             Ok(recovery) => {
                 let options = self.engine.options().clone();
-                let mut engine = Engine::recover(&recovery, options).0;
+                let mut engine = Engine::recover(recovery, options).0;
                 engine.set_bucket_weights(self.engine.snapshot().bucket_weights);
                 self.engine = engine;
             }
