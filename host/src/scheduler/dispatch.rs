@@ -122,35 +122,58 @@ impl Writer {
         actor: Actor,
         group: &mut Group,
     ) -> Result<Task, SchedulerError> {
-        let failure = failure_view(task, class, self.random.random());
-        let decided = self.decider.retry(now_ms, &[failure]);
-        let decision =
-            decided
-                .answer
-                .into_iter()
-                .next()
-                .unwrap_or(crate::engine::RetryDecision::Dead(
-                    "the retry policy gave no answer".into(),
-                ));
-        let change = self
-            .engine
-            .plan_failure(
-                now_ms,
-                task,
-                class,
-                message,
-                decision,
-                decided.version,
-                actor,
-            )
-            .map_err(|source| SchedulerError::Illegal {
-                task_id: task.id,
-                state: task.state,
-                source,
-            })?;
-        let event = self.engine.record_outcome(now_ms, task, Some(class));
-        group.change.worker_events.extend(event);
-        Ok(self.plan(change, group))
+        let mut planned = self.fail_all(now_ms, vec![(task.clone(), class, message)], actor, group);
+        planned
+            .pop()
+            .unwrap_or(Err(SchedulerError::NotFound(task.id)))
+    }
+
+    /// Plans failed attempts with one retry decision for them all; one answer each, in order.
+    fn fail_all(
+        &mut self,
+        now_ms: u64,
+        failed: Vec<(Task, FailureClass, String)>,
+        actor: Actor,
+        group: &mut Group,
+    ) -> Vec<Result<Task, SchedulerError>> {
+        if failed.is_empty() {
+            return Vec::new();
+        }
+        let views: Vec<_> = failed
+            .iter()
+            .map(|(task, class, _)| failure_view(task, *class, self.random.random()))
+            .collect();
+        let decided = self.decider.retry(now_ms, &views);
+        let mut decisions = decided.answer.into_iter();
+        failed
+            .into_iter()
+            .map(|(task, class, message)| {
+                let decision = decisions
+                    .next()
+                    .unwrap_or(crate::engine::RetryDecision::Dead(
+                        "the retry policy gave no answer".into(),
+                    ));
+                let change = self
+                    .engine
+                    .plan_failure(
+                        now_ms,
+                        &task,
+                        class,
+                        message,
+                        decision,
+                        decided.version,
+                        actor.clone(),
+                    )
+                    .map_err(|source| SchedulerError::Illegal {
+                        task_id: task.id,
+                        state: task.state,
+                        source,
+                    })?;
+                let event = self.engine.record_outcome(now_ms, &task, Some(class));
+                group.change.worker_events.extend(event);
+                Ok(self.plan(change, group))
+            })
+            .collect()
     }
 
     pub(super) fn reset_worker(
@@ -168,12 +191,21 @@ impl Writer {
         Ok(self.engine.worker(now_ms, worker).into_iter().collect())
     }
 
-    /// Runs what is due, then ages the queues if their interval has passed.
+    /// Runs what is due, then ages the queues if their interval has passed. Attempts that
+    /// failed by time (expired leases, timeouts) share one retry decision.
     pub(super) fn tick(&mut self, group: &mut Group) {
         let now_ms = self.clock.now_ms();
+        let mut failed = Vec::new();
         for id in self.engine.due(now_ms, DUE_PER_TICK) {
-            if let Err(error) = self.run_due(now_ms, id, group) {
-                tracing::error!(task_id = %id, %error, "could not run a due timer");
+            match self.run_due(now_ms, id, group) {
+                Ok(Some(failure)) => failed.push(failure),
+                Ok(None) => {}
+                Err(error) => tracing::error!(task_id = %id, %error, "could not run a due timer"),
+            }
+        }
+        for planned in self.fail_all(now_ms, failed, Actor::scheduler(), group) {
+            if let Err(error) = planned {
+                tracing::error!(%error, "could not fail an expired attempt");
             }
         }
         if now_ms >= self.next_aging_ms {
@@ -185,12 +217,13 @@ impl Writer {
         }
     }
 
+    /// Plans what is due for task `id`, except a failure, which it returns for the batch.
     fn run_due(
         &mut self,
         now_ms: u64,
         id: TaskId,
         group: &mut Group,
-    ) -> Result<(), SchedulerError> {
+    ) -> Result<Option<(Task, FailureClass, String)>, SchedulerError> {
         let task = self.task(id, group)?;
         let illegal = |source| SchedulerError::Illegal {
             task_id: id,
@@ -213,17 +246,10 @@ impl Writer {
                     FailureClass::Timeout => "the attempt ran past its timeout",
                     _ => "the lease expired without a report",
                 };
-                self.fail(
-                    now_ms,
-                    &task,
-                    class,
-                    message.to_owned(),
-                    Actor::scheduler(),
-                    group,
-                )?;
+                return Ok(Some((task, class, message.to_owned())));
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Hands a due callback to the deliverer and marks it in flight. A full deliverer queue
