@@ -143,25 +143,29 @@ impl Workers {
     pub fn views(&self, now_ms: u64, stale_after_ms: u64) -> Vec<WorkerView> {
         self.by_id
             .iter()
-            .map(|(id, w)| {
-                let free = w.free_gpus();
-                WorkerView {
-                    id: id.clone(),
-                    healthy: w.is_fresh(now_ms, stale_after_ms),
-                    heartbeat_age_ms: w.last_heartbeat_ms.map(|at| now_ms.saturating_sub(at)),
-                    breaker: w.breaker.state(),
-                    leases: w.leases.len(),
-                    claims_served: w.claims_served,
-                    free_gpus: free.len(),
-                    free_gpu_memory_mb: free
-                        .iter()
-                        .filter_map(|&i| w.heartbeat.gpus.get(i as usize))
-                        .map(|g| g.memory_mb)
-                        .sum(),
-                    heartbeat: w.heartbeat.clone(),
-                }
-            })
+            .map(|(id, w)| w.view(id, now_ms, stale_after_ms))
             .collect()
+    }
+}
+
+impl WorkerState {
+    fn view(&self, id: &str, now_ms: u64, stale_after_ms: u64) -> WorkerView {
+        let free = self.free_gpus();
+        WorkerView {
+            id: id.to_owned(),
+            healthy: self.is_fresh(now_ms, stale_after_ms),
+            heartbeat_age_ms: self.last_heartbeat_ms.map(|at| now_ms.saturating_sub(at)),
+            breaker: self.breaker.state(),
+            leases: self.leases.len(),
+            claims_served: self.claims_served,
+            free_gpus: free.len(),
+            free_gpu_memory_mb: free
+                .iter()
+                .filter_map(|&i| self.heartbeat.gpus.get(i as usize))
+                .map(|g| g.memory_mb)
+                .sum(),
+            heartbeat: self.heartbeat.clone(),
+        }
     }
 }
 
@@ -197,9 +201,8 @@ impl super::Engine {
 
     pub fn worker(&self, now_ms: u64, worker: &str) -> Option<WorkerView> {
         self.workers
-            .views(now_ms, self.options.worker_stale_ms)
-            .into_iter()
-            .find(|view| view.id == worker)
+            .get(worker)
+            .map(|state| state.view(worker, now_ms, self.options.worker_stale_ms))
     }
 
     pub fn knows_worker(&self, worker: &str) -> bool {
