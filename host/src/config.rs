@@ -389,5 +389,28 @@ mod tests {
         let file: FileConfig =
             toml::from_str("inflight_body_bytes = 20000000\nmax_policy_bytes = 33554432").unwrap();
         assert!(ServeConfig::resolve(file, Overrides::default()).is_err());
+        for bad in [
+            "lease_ms = 99",
+            "worker_stale_ms = 0",
+            "aging_interval_ms = 5",
+            "drain_timeout_ms = 86400001",
+            "max_claim_wait_ms = 300001",
+        ] {
+            let file: FileConfig = toml::from_str(bad).unwrap();
+            assert!(
+                ServeConfig::resolve(file, Overrides::default()).is_err(),
+                "{bad}"
+            );
+        }
+        // The flag overrides the file.
+        let file: FileConfig = toml::from_str("lease_ms = 99").unwrap();
+        let overrides = Overrides {
+            lease_ms: Some(5_000),
+            ..Overrides::default()
+        };
+        assert_eq!(
+            ServeConfig::resolve(file, overrides).unwrap().lease_ms,
+            5_000
+        );
     }
 }

@@ -244,3 +244,31 @@ fn serve_refuses_a_policy_setting_its_component_does_not_know() {
     assert!(!malformed.status.success());
     assert!(String::from_utf8_lossy(&malformed.stderr).contains("kind.name=value"));
 }
+
+#[test]
+fn worker_and_serve_refuse_bad_dispatch_settings_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["worker", "--id", "w", "--fail-rate", "1.5"],
+            "--fail-rate",
+        ),
+        (&["worker", "--id", "bad id"], "worker id"),
+        (
+            &["worker", "--id", "w", "--fail-class", "lease-expired"],
+            "transient",
+        ),
+        (&["worker", "--id", "w", "--labels", "site"], "k=v"),
+        (
+            &["serve", "--data-dir", data, "--lease-ms", "5"],
+            "lease_ms",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = sluice(args);
+        assert!(!output.status.success(), "{args:?} succeeded");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
