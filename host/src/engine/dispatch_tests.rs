@@ -170,6 +170,13 @@ fn hopeless_and_exhausted_failures_are_dead_and_others_come_back_after_their_del
         world.tick(10_000, 60_000);
     }
     assert_eq!(world.tasks[&retried].state, State::Queued);
+    // The failure repeated after the release is still a replay of the recorded one.
+    let token = leased[2].lease.as_ref().unwrap().token.clone();
+    let again = Report::Fail {
+        class: FailureClass::NodeBusy,
+        message: "boom".into(),
+    };
+    assert_eq!(world.report(retried, &token, again), Verdict::Replay);
     world.heartbeat("w", 0, 8);
     let again = world.claim("w", 1);
     assert_eq!(again[0].id, retried);

@@ -60,7 +60,8 @@ pub fn judge_report(now_ms: u64, task: &Task, token: &str, report: &Report) -> V
         (State::Running, Report::Start) => Verdict::Replay,
         (State::Running, _) => Verdict::Fresh,
         (State::Completed, Report::Complete { .. }) => Verdict::Replay,
-        (State::RetryWait | State::Dead | State::Failed, Report::Fail { .. })
+        // A failure already recorded, even if its retry has since been released to the queue.
+        (State::RetryWait | State::Queued | State::Dead | State::Failed, Report::Fail { .. })
             if task.attempt == lease.attempt =>
         {
             Verdict::Replay
