@@ -94,6 +94,24 @@ impl AppState {
         }
     }
 
+    /// Reads a JSON body of at most `limit_bytes` within the body timeout, holding its share
+    /// of the body budget in the answer's `_budget` (keep it until the request is answered).
+    async fn read_json<T: serde::de::DeserializeOwned>(
+        &self,
+        headers: &axum::http::HeaderMap,
+        body: axum::body::Body,
+        limit_bytes: usize,
+    ) -> Result<extract::Decoded<T>, ApiError> {
+        extract::read_json(
+            headers,
+            body,
+            limit_bytes,
+            self.limits.body_timeout,
+            &self.body_budget,
+        )
+        .await
+    }
+
     fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }

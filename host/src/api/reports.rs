@@ -2,7 +2,7 @@
 //! the lease token the claim gave; a stale token is refused with 409 and logged.
 
 use super::AppState;
-use super::extract::{SMALL_BODY_BYTES, TaskIdPath, decode_json, read_json};
+use super::extract::{Decoded, SMALL_BODY_BYTES, TaskIdPath, decode_json};
 use super::problem::{ApiError, Problem};
 use crate::engine::Report;
 use crate::model::{FailureClass, Task, TaskId};
@@ -42,23 +42,6 @@ pub struct FailRequest {
     message: String,
 }
 
-async fn body<T: serde::de::DeserializeOwned>(
-    state: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-    limit_bytes: usize,
-) -> Result<T, ApiError> {
-    Ok(read_json(
-        headers,
-        body,
-        limit_bytes,
-        state.limits.body_timeout,
-        &state.body_budget,
-    )
-    .await?
-    .value)
-}
-
 pub async fn start(
     Shared(state): Shared<AppState>,
     TaskIdPath(id): TaskIdPath,
@@ -85,7 +68,12 @@ async fn token_report(
     raw: Body,
     report: Report,
 ) -> Result<Json<Task>, ApiError> {
-    let request: TokenOnly = body(state, headers, raw, SMALL_BODY_BYTES).await?;
+    let Decoded {
+        value: request,
+        _budget,
+    } = state
+        .read_json::<TokenOnly>(headers, raw, SMALL_BODY_BYTES)
+        .await?;
     let task = state
         .scheduler
         .report(id, request.lease_token, report)
@@ -100,7 +88,12 @@ pub async fn complete(
     raw: Body,
 ) -> Result<Json<Task>, ApiError> {
     let limit = state.limits.body_bytes;
-    let request: CompleteRequest = body(&state, &headers, raw, limit).await?;
+    let Decoded {
+        value: request,
+        _budget,
+    } = state
+        .read_json::<CompleteRequest>(&headers, raw, limit)
+        .await?;
     let task = state
         .scheduler
         .report(
@@ -120,7 +113,12 @@ pub async fn fail(
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Json<Task>, ApiError> {
-    let request: FailRequest = body(&state, &headers, raw, SMALL_BODY_BYTES).await?;
+    let Decoded {
+        value: request,
+        _budget,
+    } = state
+        .read_json::<FailRequest>(&headers, raw, SMALL_BODY_BYTES)
+        .await?;
     if request.class == FailureClass::LeaseExpired {
         return Err(ApiError::InvalidRequest(
             "class lease-expired is the scheduler's to give; use transient, node-busy, timeout, permanent or invalid-input".into(),
@@ -248,7 +246,12 @@ pub async fn batch(
     raw: Body,
 ) -> Result<Json<BatchResponse>, ApiError> {
     let limit = state.limits.batch_body_bytes;
-    let request: BatchRequest = body(&state, &headers, raw, limit).await?;
+    let Decoded {
+        value: request,
+        _budget,
+    } = state
+        .read_json::<BatchRequest>(&headers, raw, limit)
+        .await?;
     if request.reports.len() > MAX_BATCH_REPORTS {
         return Err(ApiError::InvalidRequest(format!(
             "a batch holds at most {MAX_BATCH_REPORTS} reports; this one has {}",

@@ -2,7 +2,7 @@
 //! and the worker log.
 
 use super::AppState;
-use super::extract::{SMALL_BODY_BYTES, WorkerIdPath, decode_query, read_json};
+use super::extract::{Decoded, SMALL_BODY_BYTES, WorkerIdPath, decode_query};
 use super::problem::ApiError;
 use super::tasks::{DEFAULT_EVENTS_LIMIT, EventParams, MAX_EVENTS_LIMIT, page_limit};
 use crate::engine::{NoClaim, WorkerView};
@@ -28,16 +28,12 @@ pub async fn heartbeat(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<WorkerView>, ApiError> {
-    let limits = &state.limits;
-    let heartbeat: Heartbeat = read_json(
-        &headers,
-        body,
-        SMALL_BODY_BYTES,
-        limits.body_timeout,
-        &state.body_budget,
-    )
-    .await?
-    .value;
+    let Decoded {
+        value: heartbeat,
+        _budget,
+    } = state
+        .read_json::<Heartbeat>(&headers, body, SMALL_BODY_BYTES)
+        .await?;
     heartbeat
         .validate()
         .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
@@ -102,15 +98,12 @@ pub async fn claim(
     body: Body,
 ) -> Result<Json<ClaimResponse>, ApiError> {
     let limits = &state.limits;
-    let request: ClaimRequest = read_json(
-        &headers,
-        body,
-        SMALL_BODY_BYTES,
-        limits.body_timeout,
-        &state.body_budget,
-    )
-    .await?
-    .value;
+    let Decoded {
+        value: request,
+        _budget,
+    } = state
+        .read_json::<ClaimRequest>(&headers, body, SMALL_BODY_BYTES)
+        .await?;
     if !(1..=MAX_CLAIM).contains(&request.max) {
         return Err(ApiError::InvalidRequest(format!(
             "max must be 1 to {MAX_CLAIM}"
