@@ -1,8 +1,48 @@
 //! Batch requests answered item by item: items that fail to parse are answered in place, the
 //! rest go to the scheduler together, and its answers are slotted back in order.
 
-use super::problem::ApiError;
+use super::problem::{ApiError, Problem};
+use crate::model::Task;
+use serde::Serialize;
 use std::future::Future;
+
+/// A batch's answer: one result per item, in order.
+#[derive(Serialize)]
+pub struct BatchResponse {
+    pub results: Vec<BatchItem>,
+}
+
+/// One item's answer: the status it would have had alone, and its task or its problem.
+#[derive(Serialize)]
+pub struct BatchItem {
+    status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task: Option<Task>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    replayed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<Problem>,
+}
+
+impl BatchItem {
+    pub fn task(status: u16, task: Task, replayed: bool) -> Self {
+        BatchItem {
+            status,
+            task: Some(task),
+            replayed,
+            problem: None,
+        }
+    }
+
+    pub fn from_error(error: ApiError) -> Self {
+        BatchItem {
+            status: error.status().as_u16(),
+            task: None,
+            replayed: false,
+            problem: Some(error.problem()),
+        }
+    }
+}
 
 pub async fn answer_in_order<Valid, Answer, Item, Fut>(
     prepared: Vec<Result<Valid, ApiError>>,

@@ -2,15 +2,16 @@
 //! the lease token the claim gave; a stale token is refused with 409 and logged.
 
 use super::AppState;
+use super::batch::{BatchItem, BatchResponse};
 use super::extract::{Decoded, SMALL_BODY_BYTES, TaskIdPath, decode_json};
-use super::problem::{ApiError, Problem};
+use super::problem::ApiError;
 use crate::engine::Report;
 use crate::model::{FailureClass, Task, TaskId};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State as Shared;
 use axum::http::HeaderMap;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 /// Reports one batch may carry.
@@ -213,31 +214,6 @@ pub struct BatchRequest {
     reports: Vec<Box<RawValue>>,
 }
 
-/// One report's answer: the status it would have had alone, and its task or its problem.
-#[derive(Serialize)]
-pub struct BatchItem {
-    status: u16,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    task: Option<Task>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    problem: Option<Problem>,
-}
-
-impl BatchItem {
-    fn from_error(error: ApiError) -> Self {
-        BatchItem {
-            status: error.status().as_u16(),
-            task: None,
-            problem: Some(error.problem()),
-        }
-    }
-}
-
-#[derive(Serialize)]
-pub struct BatchResponse {
-    results: Vec<BatchItem>,
-}
-
 /// `POST /v1/reports`: many reports in one request (a worker finishing a batch of tasks at
 /// once), one durable write for all; each is judged and answered on its own, in order.
 pub async fn batch(
@@ -271,11 +247,7 @@ pub async fn batch(
         prepared,
         |valid| async move { Ok(scheduler.report_many(valid).await?) },
         |answer| match answer {
-            Ok(task) => BatchItem {
-                status: 200,
-                task: Some(task),
-                problem: None,
-            },
+            Ok(task) => BatchItem::task(200, task, false),
             Err(error) => BatchItem::from_error(error.into()),
         },
         BatchItem::from_error,

@@ -1,8 +1,9 @@
 //! Task routes: submit (one or a batch), read, list, timeline and cancel.
 
 use super::AppState;
+use super::batch::{BatchItem, BatchResponse};
 use super::extract::{Decoded, TaskIdPath, decode_json, decode_query, read_json};
-use super::problem::{ApiError, Problem};
+use super::problem::ApiError;
 use crate::model::{Actor, Event, State, Task, TaskId, TaskSpec};
 use crate::scheduler::{SubmitResult, Submitted};
 use crate::store::ListQuery;
@@ -80,41 +81,13 @@ pub struct BatchRequest {
     tasks: Vec<Box<RawValue>>,
 }
 
-#[derive(Serialize)]
-pub struct BatchResponse {
-    results: Vec<BatchItem>,
-}
-
-/// One item's answer: the status it would have had alone, and its task or its problem.
-#[derive(Serialize)]
-pub struct BatchItem {
-    status: u16,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    task: Option<Task>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    replayed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    problem: Option<Problem>,
-}
-
 impl BatchItem {
-    fn from_error(error: ApiError) -> Self {
-        BatchItem {
-            status: error.status().as_u16(),
-            task: None,
-            replayed: false,
-            problem: Some(error.problem()),
-        }
-    }
-
     fn from_result(result: SubmitResult) -> Self {
         match result {
-            Ok(submitted) => BatchItem {
-                status: if submitted.replayed { 200 } else { 201 },
-                task: Some(submitted.task),
-                replayed: submitted.replayed,
-                problem: None,
-            },
+            Ok(submitted) => {
+                let status = if submitted.replayed { 200 } else { 201 };
+                BatchItem::task(status, submitted.task, submitted.replayed)
+            }
             Err(error) => BatchItem::from_error(error.into()),
         }
     }
