@@ -17,7 +17,7 @@ fn runtime() -> Arc<PolicyRuntime> {
 
 fn open(dir: &std::path::Path, options: RegistryOptions) -> (Arc<SledStore>, PolicyRegistry) {
     let store = Arc::new(
-        SledStore::open(
+        SledStore::reopen(
             dir,
             &SledOptions {
                 fdatasync: false,

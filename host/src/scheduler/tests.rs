@@ -171,7 +171,7 @@ async fn tasks_left_created_are_admitted_at_start() {
         store.sync().unwrap();
         id
     };
-    let store = Arc::new(SledStore::open(dir.path(), &SledOptions::default()).unwrap());
+    let store = Arc::new(SledStore::reopen(dir.path(), &SledOptions::default()).unwrap());
     let scheduler = start(store);
     let task = scheduler.task(created_id).unwrap();
     assert_eq!(task.state, State::Queued);

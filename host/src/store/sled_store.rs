@@ -110,6 +110,25 @@ impl SledStore {
         Ok(())
     }
 
+    /// Opens a store that this process had open a moment ago, for tests that reopen one.
+    /// sled's background flusher can still hold the file lock briefly after the last handle
+    /// is dropped, so the lock is polled for, up to 10 s; any other error returns at once.
+    #[cfg(test)]
+    pub(crate) fn reopen(dir: &Path, options: &SledOptions) -> Result<Self, StoreError> {
+        let started = std::time::Instant::now();
+        loop {
+            match Self::open(dir, options) {
+                Err(StoreError::Open { source, .. })
+                    if source.to_string().contains("could not acquire lock")
+                        && started.elapsed() < std::time::Duration::from_secs(10) =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                opened => return opened,
+            }
+        }
+    }
+
     #[cfg(test)]
     pub(super) fn synced_blob_count(&self) -> usize {
         self.synced_blobs.lock().map(|s| s.len()).unwrap_or(0)

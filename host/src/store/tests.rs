@@ -8,6 +8,10 @@ fn open(dir: &std::path::Path) -> SledStore {
     SledStore::open(dir, &SledOptions::default()).unwrap()
 }
 
+fn reopen(dir: &std::path::Path) -> SledStore {
+    SledStore::reopen(dir, &SledOptions::default()).unwrap()
+}
+
 fn submission(
     kind: &str,
     device: &str,
@@ -188,7 +192,7 @@ fn recovery_finds_numbering_counts_and_live_tasks_after_reopening() {
         store.sync().unwrap();
         (b.id, a.id)
     };
-    let store = open(dir.path());
+    let store = reopen(dir.path());
     let recovery = store.recover().unwrap();
     assert_eq!(recovery.last_event_seq, 5);
     assert_eq!(recovery.last_task_id, Some(last_id));
