@@ -140,6 +140,11 @@ impl Config {
         Ok(Config { values })
     }
 
+    /// Whether the config sets `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.values.contains_key(name)
+    }
+
     pub fn u64_or(&self, name: &str, default: u64) -> Result<u64, String> {
         self.parsed_or(name, default)
     }
