@@ -6,8 +6,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, exit};
 
-/// (constant name, crate name) of each embedded component.
-const COMPONENTS: [(&str, &str); 7] = [
+/// (constant name, crate name) of each embedded component: the defaults, and the other
+/// policies shipped for upload (`sluice policy upload --builtin NAME`).
+const COMPONENTS: [(&str, &str); 10] = [
     ("PRIORITY_BUCKETS", "priority_buckets"),
     ("AGING_THRESHOLD", "aging_threshold"),
     ("RETRY_BACKOFF", "retry_backoff"),
@@ -15,6 +16,9 @@ const COMPONENTS: [(&str, &str); 7] = [
     ("SPLIT_HASH", "split_hash"),
     ("SPLIT_RANGE", "split_range"),
     ("MERGE_TOPK", "merge_topk"),
+    ("MERGE_THRESHOLD", "merge_threshold"),
+    ("MERGE_WEIGHTED", "merge_weighted"),
+    ("SPLIT_IVF", "split_ivf"),
 ];
 
 const TARGET: &str = "wasm32-wasip2";

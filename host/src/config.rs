@@ -54,6 +54,8 @@ pub struct ServeConfig {
     pub drain_timeout_ms: u64,
     /// The longest a claim may wait for work.
     pub max_claim_wait_ms: u64,
+    /// Task kinds split on admission by the split policy and merged by the merge policy.
+    pub split_kinds: Vec<String>,
 }
 
 impl Default for ServeConfig {
@@ -78,6 +80,7 @@ impl Default for ServeConfig {
             aging_interval_ms: 1_000,
             drain_timeout_ms: 90_000,
             max_claim_wait_ms: 30_000,
+            split_kinds: vec!["vector.search".to_owned()],
         }
     }
 }
@@ -104,6 +107,7 @@ pub struct FileConfig {
     pub aging_interval_ms: Option<u64>,
     pub drain_timeout_ms: Option<u64>,
     pub max_claim_wait_ms: Option<u64>,
+    pub split_kinds: Option<Vec<String>>,
     /// `[policies.<kind>]` tables: each policy's settings, e.g.
     /// `[policies.retry] initial_delay_ms = 300000`.
     #[serde(default)]
@@ -162,6 +166,7 @@ impl ServeConfig {
                 .or(file.drain_timeout_ms)
                 .unwrap_or(defaults.drain_timeout_ms),
             max_claim_wait_ms: file.max_claim_wait_ms.unwrap_or(defaults.max_claim_wait_ms),
+            split_kinds: file.split_kinds.unwrap_or(defaults.split_kinds),
             data_dir: overrides
                 .data_dir
                 .or(file.data_dir)
@@ -250,6 +255,16 @@ impl ServeConfig {
         }
         if self.max_claim_wait_ms > 300_000 {
             return Err(invalid("max_claim_wait_ms", "must be at most 5 min"));
+        }
+        if self.split_kinds.len() > 64 {
+            return Err(invalid("split_kinds", "at most 64 kinds"));
+        }
+        if self
+            .split_kinds
+            .iter()
+            .any(|kind| kind.is_empty() || kind.len() > 128)
+        {
+            return Err(invalid("split_kinds", "each kind is 1 to 128 bytes"));
         }
         Ok(())
     }

@@ -2,7 +2,8 @@
 //!
 //! `model` holds the task model and its state machine, `engine` the deterministic core,
 //! `store` durable storage behind a trait, `scheduler` the threads that connect them, `api`
-//! the HTTP routes, `server` the server as a library, `client` a typed HTTP client, `worker` a worker client to embed. The `sluice`
+//! the HTTP routes, `server` the server as a library, `client` a typed HTTP client, `worker` a worker client to embed, `vector` exact vector search
+//! for shard workers. The `sluice`
 //! command (`main.rs`, `cli/`) is a thin layer over them.
 
 pub mod api;
@@ -14,4 +15,5 @@ pub mod policy;
 pub mod scheduler;
 pub mod server;
 pub mod store;
+pub mod vector;
 pub mod worker;

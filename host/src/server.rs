@@ -76,6 +76,7 @@ impl Server {
                     ..EngineOptions::default()
                 },
                 aging_interval_ms: config.aging_interval_ms,
+                split_kinds: config.split_kinds.clone(),
                 ..SchedulerOptions::default()
             },
         )?;

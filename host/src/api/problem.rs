@@ -62,6 +62,10 @@ pub enum ApiError {
     PolicyRefused { check: Check, detail: String },
     #[error("{0}")]
     PolicyConflict(String),
+    #[error("the split policy refused the task: {0}")]
+    SplitRefused(String),
+    #[error("{0}")]
+    PolicyUnavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -169,6 +173,16 @@ impl ApiError {
                 "Policy refused",
             ),
             PolicyConflict(_) => (StatusCode::CONFLICT, "policy-conflict", "Policy conflict"),
+            SplitRefused(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "split-refused",
+                "Split refused",
+            ),
+            PolicyUnavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "policy-unavailable",
+                "Policy unavailable",
+            ),
             Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -206,6 +220,7 @@ impl ApiError {
         match self {
             ApiError::Overloaded => Some(1),
             ApiError::Draining => Some(5),
+            ApiError::PolicyUnavailable(_) => Some(1),
             _ => None,
         }
     }
@@ -237,6 +252,10 @@ impl From<SchedulerError> for ApiError {
             }
             SchedulerError::UnknownWorker(worker) => ApiError::WorkerNotFound(worker),
             SchedulerError::TooManyWorkers(_) => ApiError::Overloaded,
+            SchedulerError::SplitRefused(reason) => ApiError::SplitRefused(reason),
+            SchedulerError::InvalidTask(error) => ApiError::InvalidTask(error),
+            SchedulerError::Internal(detail) => ApiError::Internal(detail),
+            SchedulerError::PolicyUnavailable(reason) => ApiError::PolicyUnavailable(reason),
             SchedulerError::Store(error) => ApiError::Internal(error.to_string()),
         }
     }

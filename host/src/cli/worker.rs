@@ -1,12 +1,16 @@
 //! `sluice worker`: the reference worker: the embeddable worker client with a synthetic
-//! executor, until SIGTERM or SIGINT, after which it finishes what it holds.
+//! executor, or with `--vectors` a vector shard worker answering `vector.search` children,
+//! until SIGTERM or SIGINT, after which it finishes what it holds.
 
 use anyhow::Context;
 use sluice::client::Client;
+use sluice::engine::SHARD_LABEL;
 use sluice::model::{FailureClass, Gpu, Heartbeat};
+use sluice::vector::{ShardIndex, ShardPart, VectorExecutor, read_vectors};
 use sluice::worker::synthetic::Synthetic;
 use sluice::worker::{WorkerConfig, run};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(clap::Args)]
@@ -41,6 +45,21 @@ pub struct WorkerArgs {
     /// Seed of the synthetic failures
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Task kinds this worker runs, comma-separated [default: any; with --vectors:
+    /// vector.search]
+    #[arg(long, value_delimiter = ',')]
+    kinds: Vec<String>,
+    /// Be a vector shard worker over this float32 set (.fvecs or .npy; ids are row numbers)
+    #[arg(long)]
+    vectors: Option<PathBuf>,
+    /// With --vectors: hold only stored shard I of N (a contiguous run of rows) and answer
+    /// shard-list children for it; without it, hold the whole set and answer id-range,
+    /// id-hash and IVF children
+    #[arg(long, value_parser = ShardPart::parse, requires = "vectors")]
+    shard: Option<ShardPart>,
+    /// With --vectors: IVF centroids (.fvecs or .npy), the same as the split-ivf policy's
+    #[arg(long, requires = "vectors")]
+    centroids: Option<PathBuf>,
 }
 
 fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
@@ -71,7 +90,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         anyhow::bail!("--fail-rate must be 0 to 1");
     }
     sluice::model::check_worker_id(&args.id).context("--id")?;
-    let heartbeat = Heartbeat {
+    let mut heartbeat = Heartbeat {
         gpus: (0..args.gpus)
             .map(|_| Gpu {
                 model: "synthetic".into(),
@@ -79,22 +98,61 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 free: true,
             })
             .collect(),
-        labels: args.labels,
+        labels: args.labels.clone(),
+        kinds: args.kinds.clone(),
         max_concurrency: args.max_concurrency.unwrap_or(args.gpus.max(1) as u32),
         queue_depth: 0,
     };
-    heartbeat.validate().context("worker settings")?;
     let client = Client::new(&args.server)?;
-    let executor = Arc::new(Synthetic::new(
-        args.id.clone(),
-        args.exec_ms,
-        args.fail_rate,
-        args.fail_class,
-        args.seed,
-    ));
-    let config = WorkerConfig::new(args.id.clone(), heartbeat);
-    tracing::info!(worker = %args.id, server = %args.server, "worker started");
-    let stats = run(client, config, executor, super::serve::shutdown_signal()).await?;
+    let shutdown = super::serve::shutdown_signal();
+    let stats = match &args.vectors {
+        Some(path) => {
+            let index = load_index(path, args.shard, args.centroids.as_deref())?;
+            heartbeat
+                .labels
+                .insert(SHARD_LABEL.to_owned(), index.routing());
+            if heartbeat.kinds.is_empty() {
+                heartbeat.kinds.push("vector.search".to_owned());
+            }
+            heartbeat.validate().context("worker settings")?;
+            tracing::info!(worker = %args.id, server = %args.server, vectors = index.len(), holds = %index.holds(), "vector worker started");
+            let executor = Arc::new(VectorExecutor {
+                index: Arc::new(index),
+            });
+            let config = WorkerConfig::new(args.id.clone(), heartbeat);
+            run(client, config, executor, shutdown).await?
+        }
+        None => {
+            heartbeat.validate().context("worker settings")?;
+            let executor = Arc::new(Synthetic::new(
+                args.id.clone(),
+                args.exec_ms,
+                args.fail_rate,
+                args.fail_class,
+                args.seed,
+            ));
+            let config = WorkerConfig::new(args.id.clone(), heartbeat);
+            tracing::info!(worker = %args.id, server = %args.server, "worker started");
+            run(client, config, executor, shutdown).await?
+        }
+    };
     println!("worker {}: {}", args.id, stats.line());
     Ok(())
+}
+
+/// The part of the vector set this worker holds, with IVF lists when centroids are given.
+fn load_index(
+    path: &std::path::Path,
+    shard: Option<ShardPart>,
+    centroids: Option<&std::path::Path>,
+) -> anyhow::Result<ShardIndex> {
+    let vectors = read_vectors(path).context("--vectors")?;
+    let index = ShardIndex::from_rows(&vectors, shard);
+    match centroids {
+        Some(path) => {
+            let centroids = read_vectors(path).context("--centroids")?;
+            index.with_lists(&centroids).context("--centroids")
+        }
+        None => Ok(index),
+    }
 }

@@ -13,6 +13,7 @@ mod aging;
 mod breaker;
 mod callbacks;
 mod claims;
+mod family;
 mod queues;
 mod reaper;
 mod reports;
@@ -25,6 +26,7 @@ pub use crate::model::{from_bucket, task_view, to_bucket};
 pub use breaker::{BreakerOptions, BreakerState};
 pub use callbacks::{CALLBACK_ATTEMPT_TIMEOUT_MS, CallbackOutcome, MAX_CALLBACK_ATTEMPTS};
 pub use claims::{NoClaim, Pick};
+pub use family::{ChildPlan, SHARD_LABEL, ready_to_merge};
 pub use queues::{BucketQueues, Waiting};
 pub use reaper::Due;
 pub use reports::{Report, RetryDecision, Verdict, judge_report};
@@ -254,6 +256,8 @@ impl Engine {
             result: None,
             error: None,
             event_seqs: Vec::new(),
+            parent: None,
+            family: None,
         };
         let created = self.event(
             0,

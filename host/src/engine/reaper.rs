@@ -15,6 +15,8 @@ pub enum Due {
     Release,
     /// A completion callback is due for delivery.
     Callback,
+    /// A split parent's merge deadline has passed: merge what its children answered.
+    Merge,
 }
 
 impl Engine {
@@ -47,6 +49,9 @@ impl Engine {
                     Some(Due::Failed(FailureClass::LeaseExpired))
                 }
                 (State::RetryWait, _, Some(at)) if at <= now_ms => Some(Due::Release),
+                (State::Split, _, _) if super::family::ready_to_merge(task, now_ms) => {
+                    Some(Due::Merge)
+                }
                 (state, _, _)
                     if state.is_terminal()
                         && task.callback_pending()

@@ -213,7 +213,8 @@ impl World {
                         }
                     }
                 }
-                None => {}
+                // The simulation has no split families.
+                Some(Due::Merge) | None => {}
             }
         }
         if self.now_ms >= self.next_aging_ms {

@@ -1,5 +1,6 @@
 //! The deadline index: for each task with something due (a lease to expire, an attempt to
-//! time out, a retry to release, an overall deadline), the earliest such time. The reaper
+//! time out, a retry to release, a split parent's merge deadline, an overall deadline), the
+//! earliest such time. The reaper
 //! reads what is due from here, never by scanning tasks.
 
 use crate::model::{State, Task, TaskId};
@@ -19,6 +20,7 @@ pub fn due_at(task: &Task) -> Option<u64> {
             .as_ref()
             .map(|lease| lease.expires_at_ms.min(lease.attempt_ends_at_ms)),
         State::RetryWait => task.not_before_ms,
+        State::Split => task.family.as_ref().and_then(|f| f.merge_at_ms),
         _ if task.callback_pending() => task.callback.as_ref().map(|c| c.next_at_ms),
         _ => None,
     };

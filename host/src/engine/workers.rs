@@ -50,7 +50,8 @@ impl WorkerState {
             .collect()
     }
 
-    /// Whether `task` may run here with the GPUs in `free_gpus`: `Some(gpu)` says where
+    /// Whether `task` may run here with the GPUs in `free_gpus` (its labels and kind must
+    /// match): `Some(gpu)` says where
     /// (the smallest GPU that fits, so large ones stay for large tasks), `Some(None)` that
     /// it needs no GPU.
     pub fn fit(&self, task: &Waiting, free_gpus: &BTreeSet<u32>) -> Option<Option<u32>> {
@@ -58,7 +59,13 @@ impl WorkerState {
             .labels
             .iter()
             .all(|(name, value)| self.heartbeat.labels.get(name) == Some(value));
-        if !labels_match {
+        let kind_served = self.heartbeat.kinds.is_empty()
+            || self
+                .heartbeat
+                .kinds
+                .iter()
+                .any(|kind| policy_packed::name_code(kind) == task.view.kind);
+        if !labels_match || !kind_served {
             return None;
         }
         if self.heartbeat.gpus.is_empty() {

@@ -1,5 +1,6 @@
 //! The task model: identifiers, priorities, the state machine table, task records, events and
-//! submissions; workers' heartbeats; and the records of policy versions.
+//! submissions; workers' heartbeats; the records of policy versions; and the vector-search
+//! payloads that split and merge read.
 
 mod event;
 mod failure;
@@ -10,6 +11,7 @@ mod queue_entry;
 mod spec;
 mod state;
 mod task;
+mod vector;
 mod worker;
 
 pub use event::{Actor, Event};
@@ -22,5 +24,9 @@ pub use priority::Priority;
 pub use queue_entry::{QueueEntry, from_bucket, to_bucket, view as task_view};
 pub use spec::{Limits, Resources, Submission, TaskSpec, ValidationError};
 pub use state::{IllegalTransition, State};
-pub use task::{Admission, Callback, Lease, Task, TaskError};
+pub use task::{Admission, Callback, Family, FamilyPart, Lease, Task, TaskError};
+pub use vector::{
+    Hit, MAX_DIMENSIONS as VECTOR_MAX_DIMENSIONS, MergedAnswer, Metric, ShardAnswer, ShardFilter,
+    ShardQuery, VectorQuery, id_hash,
+};
 pub use worker::{Gpu, Heartbeat, WorkerEvent, check_worker_id};

@@ -67,6 +67,34 @@ pub struct Task {
     /// The `seq` of each of its events, oldest first: the index from a task into the log.
     #[serde(default)]
     pub event_seqs: Vec<u64>,
+    /// For a child of a split: the task it is part of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<TaskId>,
+    /// For a split parent: its children and how many have ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<Family>,
+}
+
+/// A split parent's bookkeeping: what it needs to merge without reading its payload again.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Family {
+    pub parts: Vec<FamilyPart>,
+    /// Children that have reached a terminal state.
+    pub settled: u32,
+    pub k: u32,
+    pub allow_partial: bool,
+    /// When it merges whatever has answered, if its children have not all ended by then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge_at_ms: Option<u64>,
+}
+
+/// One child of a split parent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FamilyPart {
+    pub task: TaskId,
+    pub weight: f32,
+    /// What it covers, for messages ("shard 3").
+    pub covers: String,
 }
 
 /// One attempt's hold on a task: only reports carrying `token` count, and only until

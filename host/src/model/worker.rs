@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 pub const MAX_GPUS: usize = 64;
 pub const MAX_WORKER_LABELS: usize = 64;
 pub const MAX_CONCURRENCY: u32 = 1024;
+pub const MAX_WORKER_KINDS: usize = 64;
 
 /// One GPU of a worker. `free` says whether Sluice may use it (false while something outside
 /// Sluice holds it); Sluice itself tracks which GPUs its own leases occupy.
@@ -36,6 +37,9 @@ pub struct Heartbeat {
     pub gpus: Vec<Gpu>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The task kinds it runs; empty for any kind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kinds: Vec<String>,
     #[serde(default = "one")]
     pub max_concurrency: u32,
     /// Work the worker holds locally, as it reports it (shown, not used for decisions).
@@ -48,6 +52,7 @@ impl Default for Heartbeat {
         Heartbeat {
             gpus: Vec::new(),
             labels: BTreeMap::new(),
+            kinds: Vec::new(),
             max_concurrency: 1,
             queue_depth: 0,
         }
@@ -75,6 +80,12 @@ impl Heartbeat {
                     "names are 1 to 64 bytes, values at most 256",
                 ));
             }
+        }
+        if self.kinds.len() > MAX_WORKER_KINDS {
+            return Err(field("kinds", format!("at most {MAX_WORKER_KINDS} kinds")));
+        }
+        for kind in &self.kinds {
+            check_name("kinds", kind)?;
         }
         if self.max_concurrency == 0 || self.max_concurrency > MAX_CONCURRENCY {
             return Err(field(

@@ -1,6 +1,6 @@
 //! The conformance cases a component must pass before it is stored: fixed inputs per kind,
 //! each answer judged by the same checks as live decisions (`checks`), plus what a kind must
-//! do on those inputs (a split must split; a merge of hits must merge some).
+//! do on those inputs (a split answers well-formed children or a reason; a merge of hits must merge some).
 
 use super::bindings::split;
 use super::checks;
@@ -153,9 +153,9 @@ impl Conformance for SplitInstance {
             nprobe: 4,
         };
         let answer = self.split(&request).map_err(fault("split"))?;
-        checks::subtasks(answer)?
-            .map(drop)
-            .map_err(|refusal| format!("refused a plain split: {refusal}"))
+        // A refusal is a valid answer here: a policy may not take 16-dimensional queries (an
+        // IVF split with centroids of another dimension). Its form is checked all the same.
+        checks::subtasks(answer).map(drop)
     }
 }
 

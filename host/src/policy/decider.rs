@@ -1,13 +1,18 @@
 //! The scheduler's decisions through the policy registry: admissions, bucket weights,
-//! promotions and retries, each packed for its policy and checked on the way back. When every
+//! promotions, retries, splits and merges, each packed for its policy and checked on the way back. When every
 //! version of a kind faults, the host's own rule (`NativeDecider`) answers, so no task is ever
 //! refused or stranded for a policy's sake.
 
+use super::bindings::split::exports::sluice::policy::split::{self as wit_split, SplitRequest};
+use super::bindings::split::sluice::policy::types::{self as wit_types, TaskMeta};
 use super::registry::PolicyRegistry;
 use crate::engine::{RetryDecision, from_bucket, to_bucket};
+use crate::model::ShardFilter;
 use crate::model::{Admission, TaskSpec};
-use crate::scheduler::{Decided, Decider, NativeDecider, to_retry_decision};
-use policy_packed::{Bucket, Failure, View, name_code};
+use crate::scheduler::{
+    Decided, Decider, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
+};
+use policy_packed::{Bucket, Failure, Hit, View, name_code};
 use std::sync::Arc;
 
 fn view(now_ms: u64, seq: u64, spec: &TaskSpec) -> View {
@@ -100,5 +105,91 @@ impl Decider for PolicyDecider {
                 self.native.retry(now_ms, failures)
             }
         }
+    }
+
+    fn split(&self, now_ms: u64, input: &SplitInput) -> Result<Decided<SplitAnswer>, String> {
+        let request = split_request(now_ms, input);
+        match self.registry.split(now_ms, &request) {
+            Ok(decided) => Ok(Decided {
+                answer: decided.answer.map(|children| {
+                    children
+                        .into_iter()
+                        .map(|child| (shard_filter(child.filter), child.weight))
+                        .collect()
+                }),
+                version: Some(decided.version),
+            }),
+            Err(error) => Err(format!("no split policy version could answer: {error}")),
+        }
+    }
+
+    fn merge(
+        &self,
+        now_ms: u64,
+        k: u32,
+        weights: &[f32],
+        hits: &[u64],
+    ) -> Decided<Result<Vec<Hit>, String>> {
+        match self.registry.merge(now_ms, k, weights, hits) {
+            Ok(decided) => Decided {
+                answer: decided.answer,
+                version: Some(decided.version),
+            },
+            Err(error) => {
+                tracing::error!(%error, "every merge policy version faulted; merging by the host's top-k");
+                Decided {
+                    answer: native_merge(k, weights, hits),
+                    version: None,
+                }
+            }
+        }
+    }
+}
+
+fn wit_bucket(bucket: Bucket) -> wit_types::Bucket {
+    match bucket {
+        Bucket::Urgent => wit_types::Bucket::Urgent,
+        Bucket::Normal => wit_types::Bucket::Normal,
+        Bucket::Low => wit_types::Bucket::Low,
+    }
+}
+
+pub(crate) fn split_request(now_ms: u64, input: &SplitInput) -> SplitRequest {
+    let spec = input.spec;
+    let packed = view(now_ms, input.seq, spec);
+    SplitRequest {
+        task: TaskMeta {
+            view: wit_types::TaskView {
+                seq: packed.seq,
+                tenant: packed.tenant,
+                kind: packed.kind,
+                bucket: wit_bucket(packed.bucket),
+                submitted_bucket: wit_bucket(packed.submitted_bucket),
+                created_ms: packed.created_ms,
+                bucket_since_ms: packed.bucket_since_ms,
+                attempt: packed.attempt,
+                est_exec_ms: packed.est_exec_ms,
+            },
+            kind_name: spec.kind.clone(),
+            tenant_name: spec.tenant.clone(),
+            device: spec.device.clone(),
+            labels: spec
+                .labels
+                .iter()
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect(),
+        },
+        vector: input.query.vector.clone(),
+        k: input.query.k,
+        nprobe: input.query.nprobe,
+    }
+}
+
+pub(crate) fn shard_filter(filter: wit_split::ShardFilter) -> ShardFilter {
+    match filter {
+        wit_split::ShardFilter::Shard(shard) => ShardFilter::Shard(shard),
+        wit_split::ShardFilter::IdRange((low, high)) => ShardFilter::IdRange(low, high),
+        wit_split::ShardFilter::IdHash((bucket, of)) => ShardFilter::IdHash { bucket, of },
+        wit_split::ShardFilter::Centroids(lists) => ShardFilter::Centroids(lists),
     }
 }

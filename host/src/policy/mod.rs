@@ -15,6 +15,8 @@ mod slot;
 
 pub use conformance::Conformance;
 pub use decider::PolicyDecider;
+#[cfg(test)]
+pub(crate) use decider::{shard_filter, split_request};
 pub use instance::{
     AgingInstance, MergeInstance, Policy, PriorityInstance, RetryInstance, SplitInstance,
 };

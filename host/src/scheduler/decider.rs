@@ -4,8 +4,8 @@
 //! tests and tools that run a scheduler alone, and for when every policy version faults.
 
 use crate::engine::{DEFAULT_BUCKET_WEIGHTS, RetryDecision};
-use crate::model::{Admission, TaskSpec};
-use policy_packed::{Bucket, Decision, Failure, View};
+use crate::model::{Admission, ShardFilter, TaskSpec, VectorQuery};
+use policy_packed::{Bucket, Decision, Failure, Hit, View};
 
 /// An answer and the policy version that gave it (none for the host's own rule).
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +25,36 @@ pub trait Decider: Send + Sync + 'static {
     fn age(&self, now_ms: u64, waiting: &[View]) -> Decided<Vec<(u32, Bucket)>>;
     /// One decision per failure, in order.
     fn retry(&self, now_ms: u64, failures: &[Failure]) -> Decided<Vec<RetryDecision>>;
+    /// The children of a task to split: the part each covers and its weight, or the
+    /// policy's reason to refuse. `Err` when no policy version could answer at all.
+    fn split(&self, now_ms: u64, input: &SplitInput) -> Result<Decided<SplitAnswer>, String>;
+    /// At most `k` hits, nearest first, each id once; or the policy's reason to refuse.
+    /// `hits` are the children's hits packed with `Hit::write_part`. Never fails for a
+    /// policy's sake: when every version faults, the host's own top-k merge answers.
+    fn merge(
+        &self,
+        now_ms: u64,
+        k: u32,
+        weights: &[f32],
+        hits: &[u64],
+    ) -> Decided<Result<Vec<Hit>, String>>;
+}
+
+/// What a split policy reads of a submitted task.
+#[derive(Clone, Copy, Debug)]
+pub struct SplitInput<'a> {
+    pub spec: &'a TaskSpec,
+    /// Its arrival order, as its admission's.
+    pub seq: u64,
+    pub query: &'a VectorQuery,
+}
+
+/// A split policy's answer: each child's filter and weight, or its reason to refuse.
+pub type SplitAnswer = Result<Vec<(ShardFilter, f32)>, String>;
+
+/// The host's own merge: `merge-topk`'s logic, run natively.
+pub fn native_merge(k: u32, weights: &[f32], hits: &[u64]) -> Result<Vec<Hit>, String> {
+    merge_topk::merge(k, merge_topk::parts(weights, hits)?)
 }
 
 /// The default policies' own logic, run natively with their default settings (or others).
@@ -75,6 +105,27 @@ impl Decider for NativeDecider {
     fn retry(&self, _now_ms: u64, failures: &[Failure]) -> Decided<Vec<RetryDecision>> {
         Decided {
             answer: failures.iter().map(|f| self.retry_decision(f)).collect(),
+            version: None,
+        }
+    }
+
+    /// One child covering stored shard 0: `split-shards` with its default settings.
+    fn split(&self, _now_ms: u64, _input: &SplitInput) -> Result<Decided<SplitAnswer>, String> {
+        Ok(Decided {
+            answer: Ok(vec![(ShardFilter::Shard(0), 1.0)]),
+            version: None,
+        })
+    }
+
+    fn merge(
+        &self,
+        _now_ms: u64,
+        k: u32,
+        weights: &[f32],
+        hits: &[u64],
+    ) -> Decided<Result<Vec<Hit>, String>> {
+        Decided {
+            answer: native_merge(k, weights, hits),
             version: None,
         }
     }

@@ -241,6 +241,7 @@ impl Writer {
                 self.plan(change, group);
             }
             Some(Due::Callback) => self.send_callback(now_ms, &task, group),
+            Some(Due::Merge) => self.merge_family(&task, group)?,
             Some(Due::Failed(class)) => {
                 let message = match class {
                     FailureClass::Timeout => "the attempt ran past its timeout",

@@ -10,12 +10,15 @@ mod callbacks;
 mod clock;
 mod decider;
 mod dispatch;
+mod family;
 mod flusher;
 mod task_cache;
 mod writer;
 
 pub use clock::{Clock, SystemClock};
-pub use decider::{Decided, Decider, NativeDecider, to_retry_decision};
+pub use decider::{
+    Decided, Decider, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
+};
 
 use crate::engine::{Engine, EngineOptions, NoClaim, Report, Snapshot, WorkerView};
 use crate::model::{
@@ -51,6 +54,15 @@ pub enum SchedulerError {
     UnknownWorker(String),
     #[error(transparent)]
     TooManyWorkers(#[from] crate::engine::TooManyWorkers),
+    #[error("the split policy refused the task: {0}")]
+    SplitRefused(String),
+    #[error(transparent)]
+    InvalidTask(crate::model::ValidationError),
+    /// A bug, not bad input: something the scheduler itself wrote could not be read back.
+    #[error("{0}")]
+    Internal(String),
+    #[error("{0}")]
+    PolicyUnavailable(String),
     #[error(transparent)]
     Store(#[from] Arc<StoreError>),
 }
@@ -86,6 +98,8 @@ pub struct SchedulerOptions {
     pub tick_ms: u64,
     /// How often the aging policy sees the waiting tasks, and bucket weights are refreshed.
     pub aging_interval_ms: u64,
+    /// Task kinds split on admission by the split policy (and merged by the merge policy).
+    pub split_kinds: Vec<String>,
 }
 
 impl Default for SchedulerOptions {
@@ -95,6 +109,7 @@ impl Default for SchedulerOptions {
             engine: EngineOptions::default(),
             tick_ms: 100,
             aging_interval_ms: 1_000,
+            split_kinds: vec!["vector.search".to_owned()],
         }
     }
 }
@@ -202,6 +217,7 @@ impl Scheduler {
             callback_jobs,
             options.aging_interval_ms,
         );
+        writer.split_kinds = options.split_kinds.clone();
         writer.admit_recovered(&unadmitted)?;
         let flusher_store = store.clone();
         let flusher = std::thread::Builder::new()

@@ -68,6 +68,8 @@ pub(crate) struct Writer {
     pub(super) aging_interval_ms: u64,
     pub(super) next_aging_ms: u64,
     cache: super::task_cache::TaskCache,
+    /// Task kinds split on admission by the split policy.
+    pub(super) split_kinds: Vec<String>,
 }
 
 impl Writer {
@@ -96,6 +98,7 @@ impl Writer {
             aging_interval_ms,
             next_aging_ms: 0,
             cache: super::task_cache::TaskCache::default(),
+            split_kinds: Vec::new(),
         }
     }
 
@@ -311,6 +314,10 @@ impl Writer {
                 key: submission.spec.key.unwrap_or_default(),
                 task_id,
             }),
+            KeyVerdict::New if self.splits(&submission.spec.kind) => Ok(Submitted {
+                task: self.create_split(&submission, admission, group)?,
+                replayed: false,
+            }),
             KeyVerdict::New => {
                 let now_ms = self.clock.now_ms();
                 let change =
@@ -371,8 +378,18 @@ impl Writer {
                 group.keys.insert(key.clone(), *record);
             }
         }
+        let first = change.writes[0].task.clone();
+        let families: Vec<(Option<State>, Task)> = change
+            .writes
+            .iter()
+            .filter(|write| write.task.parent.is_some() || write.task.family.is_some())
+            .map(|write| (write.previous, write.task.clone()))
+            .collect();
         group.change.merge(change);
-        group.change.writes[first_write].task.clone()
+        if !families.is_empty() {
+            self.follow_families(&families, group);
+        }
+        first
     }
 }
 
