@@ -3,6 +3,7 @@
 use super::tasks::ServerArg;
 use anyhow::Context;
 use sluice::client::Client;
+use sluice::policy::defaults;
 use std::path::PathBuf;
 
 #[derive(clap::Subcommand)]
@@ -14,7 +15,13 @@ pub enum PolicyCommand {
         /// priority, aging, retry, split or merge.
         kind: String,
         /// The component (.wasm) file.
-        file: PathBuf,
+        #[arg(required_unless_present = "builtin", conflicts_with = "builtin")]
+        file: Option<PathBuf>,
+        /// Upload a component shipped in this binary instead of a file: priority-buckets,
+        /// aging-threshold, retry-backoff, split-shards, split-hash, split-range, split-ivf,
+        /// merge-topk, merge-threshold or merge-weighted.
+        #[arg(long)]
+        builtin: Option<String>,
         /// A setting for the component's init, name=value; repeatable. Without any, the
         /// server's settings of the kind apply.
         #[arg(long = "config")]
@@ -47,10 +54,20 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             server,
             kind,
             file,
+            builtin,
             settings,
         } => {
-            let component = std::fs::read(&file)
-                .with_context(|| format!("cannot read the component {}", file.display()))?;
+            let component = match (&file, &builtin) {
+                (_, Some(name)) => defaults::by_name(name)
+                    .with_context(|| {
+                        let known: Vec<&str> = defaults::BY_NAME.iter().map(|(n, _)| *n).collect();
+                        format!("no built-in policy `{name}`; known: {}", known.join(", "))
+                    })?
+                    .to_vec(),
+                (Some(file), None) => std::fs::read(file)
+                    .with_context(|| format!("cannot read the component {}", file.display()))?,
+                (None, None) => anyhow::bail!("give a component file or --builtin NAME"),
+            };
             let config = (!settings.is_empty()).then(|| settings.join("\n"));
             client(&server)?
                 .upload_policy(&kind, component, config.as_deref())

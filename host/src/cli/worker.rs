@@ -33,9 +33,10 @@ pub struct WorkerArgs {
     /// Attempts run at once [default: the number of GPUs, at least 1]
     #[arg(long)]
     max_concurrency: Option<u32>,
-    /// How long each synthetic attempt takes, in ms
-    #[arg(long, default_value_t = 50)]
-    exec_ms: u64,
+    /// How long each synthetic attempt takes, in ms [default: 50]; with --vectors, a delay
+    /// added before each search [default: 0]
+    #[arg(long)]
+    exec_ms: Option<u64>,
     /// The share of attempts that fail, 0 to 1
     #[arg(long, default_value_t = 0.0)]
     fail_rate: f64,
@@ -118,6 +119,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             tracing::info!(worker = %args.id, server = %args.server, vectors = index.len(), holds = %index.holds(), "vector worker started");
             let executor = Arc::new(VectorExecutor {
                 index: Arc::new(index),
+                delay_ms: args.exec_ms.unwrap_or(0),
             });
             let config = WorkerConfig::new(args.id.clone(), heartbeat);
             run(client, config, executor, shutdown).await?
@@ -126,7 +128,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             heartbeat.validate().context("worker settings")?;
             let executor = Arc::new(Synthetic::new(
                 args.id.clone(),
-                args.exec_ms,
+                args.exec_ms.unwrap_or(50),
                 args.fail_rate,
                 args.fail_class,
                 args.seed,

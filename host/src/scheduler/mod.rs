@@ -154,7 +154,10 @@ pub(crate) enum Command {
         reply: oneshot::Sender<Vec<WorkerView>>,
     },
     /// Time has passed: run what is due, and age the queues when their interval has passed.
-    Tick,
+    /// A caller that asks is answered once the tick's changes are durable.
+    Tick {
+        reply: Option<oneshot::Sender<Result<(), SchedulerError>>>,
+    },
     /// How a completion callback's delivery attempt went.
     CallbackDone {
         id: TaskId,
@@ -234,7 +237,8 @@ impl Scheduler {
                 // A full queue skips a tick (the next one catches up); a closed one ends it.
                 loop {
                     std::thread::sleep(tick);
-                    if let Err(mpsc::error::TrySendError::Closed(_)) = ticks.try_send(Command::Tick)
+                    if let Err(mpsc::error::TrySendError::Closed(_)) =
+                        ticks.try_send(Command::Tick { reply: None })
                     {
                         break;
                     }
@@ -290,6 +294,14 @@ impl Scheduler {
     pub async fn claim(&self, worker: String, max: usize) -> Result<Claimed, SchedulerError> {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Claim { worker, max, reply })?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
+    /// Runs a tick now (the ticker runs one every `tick_ms` anyway); answers once its
+    /// changes are durable. For tests and tools that move a clock of their own.
+    pub async fn tick(&self) -> Result<(), SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Tick { reply: Some(reply) })?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
@@ -420,5 +432,7 @@ impl From<std::io::Error> for SchedulerError {
     }
 }
 
+#[cfg(test)]
+mod family_tests;
 #[cfg(test)]
 mod tests;

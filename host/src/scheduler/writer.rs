@@ -202,8 +202,11 @@ impl Writer {
                 let _ = reply.send(self.engine.workers(self.clock.now_ms()));
                 true
             }
-            Command::Tick => {
+            Command::Tick { reply } => {
                 self.tick(group);
+                if let Some(reply) = reply {
+                    group.answer(reply, Ok(()));
+                }
                 true
             }
             Command::CallbackDone {

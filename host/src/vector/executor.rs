@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 pub struct VectorExecutor {
     pub index: Arc<ShardIndex>,
+    /// Added before each search: a stand-in for a slower device in demos and tests.
+    pub delay_ms: u64,
 }
 
 impl Executor for VectorExecutor {
@@ -24,6 +26,9 @@ impl Executor for VectorExecutor {
             Ok(query) => query,
             Err(error) => return invalid(format!("not a shard query: {error}")),
         };
+        if self.delay_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(self.delay_ms)).await;
+        }
         let index = self.index.clone();
         // The scan is CPU work: off the async threads, so heartbeats keep their lease.
         let searched = tokio::task::spawn_blocking(move || index.search(&query)).await;

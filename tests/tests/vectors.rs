@@ -1,0 +1,351 @@
+//! Split and merge end to end: `vector.search` tasks through a real server, real shard worker
+//! processes over a .npy file, and the real policy components; every answer is checked
+//! against a brute-force search written here, apart from Sluice's own.
+
+use sluice_tests::*;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const DIM: usize = 8;
+const ROWS: usize = 600;
+const K: usize = 10;
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Clustered rows from a fixed linear congruential sequence: the same set every run.
+fn dataset() -> Vec<f32> {
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    let centres: Vec<f32> = (0..6 * DIM).map(|_| next() * 8.0).collect();
+    let mut data = Vec::with_capacity(ROWS * DIM);
+    for row in 0..ROWS {
+        for d in 0..DIM {
+            data.push(centres[(row % 6) * DIM + d] + next());
+        }
+    }
+    data
+}
+
+fn write_npy(path: &Path, data: &[f32]) {
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {DIM}), }}",
+        data.len() / DIM
+    );
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for x in data {
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// (id, squared L2 distance) of the `k` nearest rows, by distance then id.
+fn exact(data: &[f32], query: &[f32], k: usize) -> Vec<(u64, f32)> {
+    let mut all: Vec<(u64, f32)> = data
+        .chunks_exact(DIM)
+        .enumerate()
+        .map(|(row, v)| {
+            let d: f32 = query.iter().zip(v).map(|(a, b)| (a - b) * (a - b)).sum();
+            (row as u64, d)
+        })
+        .collect();
+    all.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    all.truncate(k);
+    all
+}
+
+fn query_vector(data: &[f32], row: usize) -> Vec<f32> {
+    data[row * DIM..(row + 1) * DIM]
+        .iter()
+        .map(|x| x + 0.05)
+        .collect()
+}
+
+async fn submit(client: &reqwest::Client, server: &Server, payload: Value) -> String {
+    let answer = post_json(
+        client,
+        &server.endpoint("/v1/tasks"),
+        &json!({"kind": "vector.search", "max_attempts": 1, "payload": payload}),
+    )
+    .await;
+    assert_eq!(answer.status, 201, "{:?}", answer.body);
+    assert_eq!(answer.body["state"], "split", "{:?}", answer.body);
+    answer.body["id"].as_str().unwrap().to_owned()
+}
+
+async fn task(client: &reqwest::Client, server: &Server, id: &str) -> Value {
+    get_json(client, &server.endpoint(&format!("/v1/tasks/{id}")))
+        .await
+        .body
+}
+
+async fn ended(client: &reqwest::Client, server: &Server, id: &str) -> Value {
+    wait_for(&format!("task {id} to end"), WAIT, || async {
+        let task = task(client, server, id).await;
+        let state = task["state"].as_str().unwrap_or("").to_owned();
+        ["completed", "failed", "dead", "cancelled", "timed_out"]
+            .contains(&state.as_str())
+            .then_some(task)
+    })
+    .await
+}
+
+fn hit_ids(result: &Value) -> Vec<u64> {
+    result["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["id"].as_u64().unwrap())
+        .collect()
+}
+
+fn cli(server: &Server, args: &[&str]) -> Value {
+    let out = Command::new(sluice_binary())
+        .args(args)
+        .args(["--server", &server.url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "sluice {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A worker holding stored shard `index` of `count`.
+fn shard_worker(
+    server: &Server,
+    file: &Path,
+    index: usize,
+    count: usize,
+    extra: &[&str],
+) -> Worker {
+    let shard = format!("{index}/{count}");
+    let mut args = vec![
+        "--vectors",
+        file.to_str().unwrap(),
+        "--shard",
+        &shard,
+        "--gpus",
+        "0",
+        "--max-concurrency",
+        "4",
+    ];
+    args.extend_from_slice(extra);
+    Worker::start(server, &format!("shard-{index}"), &args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_queries_equal_exact_search_and_a_merge_policy_swap_applies_to_the_next_query() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset();
+    let file = dir.path().join("vectors.npy");
+    write_npy(&file, &data);
+    let server = Server::start_with(
+        &dir.path().join("db"),
+        &["--policy-config", "split.shards=3"],
+    );
+    let _workers: Vec<Worker> = (0..3)
+        .map(|i| shard_worker(&server, &file, i, 3, &[]))
+        .collect();
+    let client = http();
+
+    for row in [0, 77, 301, 599] {
+        let query = query_vector(&data, row);
+        let id = submit(&client, &server, json!({"vector": query, "k": K})).await;
+        let parent = ended(&client, &server, &id).await;
+        assert_eq!(parent["state"], "completed", "{parent:?}");
+        let result = &parent["result"];
+        let expected: Vec<u64> = exact(&data, &query, K).iter().map(|h| h.0).collect();
+        assert_eq!(hit_ids(result), expected, "query near row {row}");
+        assert_eq!(result["coverage"], 1.0);
+        assert_eq!(result["partial"], false);
+        assert_eq!(result["children"], 3);
+        assert_eq!(result["merge_policy_version"], 0);
+        for part in parent["family"]["parts"].as_array().unwrap() {
+            let child = task(&client, &server, part["task"].as_str().unwrap()).await;
+            assert_eq!(child["state"], "completed");
+            assert_eq!(child["parent"], parent["id"]);
+        }
+    }
+
+    // The threshold merge, with a threshold between the 3rd and 4th nearest of the next query.
+    let query = query_vector(&data, 123);
+    let nearest = exact(&data, &query, K);
+    let threshold = (nearest[2].1 + nearest[3].1) / 2.0;
+    let uploaded = cli(
+        &server,
+        &[
+            "policy",
+            "upload",
+            "merge",
+            "--builtin",
+            "merge-threshold",
+            "--config",
+            &format!("max_distance={threshold}"),
+        ],
+    );
+    let version = uploaded["version"].as_u64().unwrap();
+    cli(
+        &server,
+        &["policy", "activate", "merge", &version.to_string()],
+    );
+    let id = submit(&client, &server, json!({"vector": query, "k": K})).await;
+    let parent = ended(&client, &server, &id).await;
+    let within: Vec<u64> = nearest
+        .iter()
+        .filter(|h| h.1 <= threshold)
+        .map(|h| h.0)
+        .collect();
+    assert_eq!(within.len(), 3);
+    assert_eq!(hit_ids(&parent["result"]), within);
+    assert_eq!(parent["result"]["merge_policy_version"], version);
+
+    // And back to the built-in top-k, again without a restart.
+    cli(&server, &["policy", "activate", "merge", "0"]);
+    let id = submit(&client, &server, json!({"vector": query, "k": K})).await;
+    let parent = ended(&client, &server, &id).await;
+    assert_eq!(hit_ids(&parent["result"]).len(), K);
+    assert_eq!(parent["result"]["merge_policy_version"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_worker_killed_mid_query_gives_a_partial_answer_or_a_failure_naming_the_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset();
+    let file = dir.path().join("vectors.npy");
+    write_npy(&file, &data);
+    let server = Server::start_with(
+        &dir.path().join("db"),
+        &["--lease-ms", "1000", "--policy-config", "split.shards=2"],
+    );
+    let _shard0 = shard_worker(&server, &file, 0, 2, &[]);
+    // Shard 1's worker holds its children until it is killed.
+    let shard1 = shard_worker(&server, &file, 1, 2, &["--exec-ms", "600000"]);
+    let client = http();
+    let query = query_vector(&data, 10);
+    let allowed = submit(&client, &server, json!({"vector": query, "k": K})).await;
+    let strict = submit(
+        &client,
+        &server,
+        json!({"vector": query, "k": K, "allow_partial": false}),
+    )
+    .await;
+    for parent in [&allowed, &strict] {
+        let parent = task(&client, &server, parent).await;
+        let child = parent["family"]["parts"][1]["task"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        wait_for("shard 1's child to be held", WAIT, || async {
+            let state = task(&client, &server, &child).await["state"].clone();
+            (state == "claimed" || state == "running").then_some(())
+        })
+        .await;
+    }
+    shard1.kill9();
+
+    let partial = ended(&client, &server, &allowed).await;
+    assert_eq!(partial["state"], "completed", "{partial:?}");
+    let result = &partial["result"];
+    assert_eq!(result["partial"], true);
+    assert_eq!(result["coverage"], 0.5);
+    let missing = result["missing"][0].as_str().unwrap();
+    assert!(missing.starts_with("shard 1"), "{missing}");
+    // What shard 0 holds, exactly: rows 0..300.
+    let shard0: Vec<f32> = data[..ROWS / 2 * DIM].to_vec();
+    let expected: Vec<u64> = exact(&shard0, &query, K).iter().map(|h| h.0).collect();
+    assert_eq!(hit_ids(result), expected);
+
+    let failed = ended(&client, &server, &strict).await;
+    assert_eq!(failed["state"], "failed", "{failed:?}");
+    assert_eq!(failed["error"]["class"], "partial");
+    let message = failed["error"]["message"].as_str().unwrap();
+    assert!(message.contains("shard 1"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_queries_and_refused_splits_create_nothing_and_a_cancelled_parent_cancels_its_children()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), &["--policy-config", "split.shards=2"]);
+    let client = http();
+    for payload in [
+        json!({"vector": []}),
+        json!({"vector": [1.0], "k": 0}),
+        json!({"vector": [1.0], "metric": "cosine"}),
+        json!({"k": 3}),
+    ] {
+        let answer = post_json(
+            &client,
+            &server.endpoint("/v1/tasks"),
+            &json!({"kind": "vector.search", "payload": payload}),
+        )
+        .await;
+        assert_problem(&answer, 422, "invalid-task");
+    }
+
+    let id = submit(&client, &server, json!({"vector": [1.0, 2.0]})).await;
+    let answer = post_json(
+        &client,
+        &server.endpoint(&format!("/v1/tasks/{id}/cancel")),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    let parent = task(&client, &server, &id).await;
+    assert_eq!(parent["state"], "cancelled");
+    for part in parent["family"]["parts"].as_array().unwrap() {
+        let child = task(&client, &server, part["task"].as_str().unwrap()).await;
+        assert_eq!(child["state"], "cancelled", "{child:?}");
+    }
+
+    // A split policy that would make more children than its bound refuses every query.
+    let uploaded = cli(
+        &server,
+        &[
+            "policy",
+            "upload",
+            "split",
+            "--builtin",
+            "split-shards",
+            "--config",
+            "shards=300",
+        ],
+    );
+    let version = uploaded["version"].as_u64().unwrap().to_string();
+    cli(&server, &["policy", "activate", "split", &version]);
+    let before = count_in(&client, &server, "cancelled").await;
+    let answer = post_json(
+        &client,
+        &server.endpoint("/v1/tasks"),
+        &json!({"kind": "vector.search", "payload": {"vector": [1.0]}}),
+    )
+    .await;
+    assert_problem(&answer, 422, "split-refused");
+    let detail = answer.body["detail"].as_str().unwrap();
+    assert!(detail.contains("limit of 256"), "{detail}");
+    let stats = get_json(&client, &server.endpoint("/v1/stats")).await.body;
+    let total: u64 = stats["tasks_by_state"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        total, 3,
+        "only the cancelled parent and its two children: {stats}"
+    );
+    assert_eq!(before, 3);
+}
