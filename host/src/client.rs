@@ -198,6 +198,17 @@ impl Client {
         self.get_json("/v1/workers", &[]).await
     }
 
+    /// The scheduler's counts: tasks by state, queued tasks by bucket.
+    pub async fn stats(&self) -> Result<Value, ClientError> {
+        self.get_json("/v1/stats", &[]).await
+    }
+
+    /// The worker log (breaker changes) after `after_seq`.
+    pub async fn worker_events(&self, after_seq: u64) -> Result<Value, ClientError> {
+        self.get_json("/v1/worker-events", &[("after", after_seq.to_string())])
+            .await
+    }
+
     async fn post_json<T: serde::de::DeserializeOwned>(
         &self,
         path: &str,

@@ -195,7 +195,7 @@ impl ServeConfig {
         Ok(config)
     }
 
-    fn check(&self) -> Result<(), ConfigError> {
+    pub fn check(&self) -> Result<(), ConfigError> {
         let invalid = |name, reason: &str| ConfigError::Invalid {
             name,
             reason: reason.to_owned(),

@@ -272,3 +272,38 @@ fn worker_and_serve_refuse_bad_dispatch_settings_with_a_message() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn the_demo_runs_its_load_to_the_end_and_prints_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("demo");
+    let output = sluice(&[
+        "demo",
+        "--tasks",
+        "60",
+        "--searches",
+        "12",
+        "--pace-s",
+        "1",
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\nstderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("== Summary"), "{stdout}");
+    assert!(stdout.contains("tasks submitted: completed 72"), "{stdout}");
+    assert!(
+        stdout.contains("12 split into shards and merged; recall@10 against exact search 1.000"),
+        "{stdout}"
+    );
+    // The state stays where it was asked to be, for a later `sluice serve --data-dir`.
+    assert!(data_dir.read_dir().unwrap().next().is_some());
+
+    let refused = sluice(&["demo", "--tasks", "0"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--tasks"));
+}

@@ -1,5 +1,5 @@
 //! Logging through tracing on stderr (stdout carries only command output), filtered by
-//! `SLUICE_LOG` (default `info`).
+//! `SLUICE_LOG` (default `info`; the demo's default is `warn`, so its own output reads clearly).
 
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
@@ -12,8 +12,9 @@ pub enum LogFormat {
     Json,
 }
 
-pub fn init(format: LogFormat) -> Result<(), String> {
-    let filter = EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+pub fn init(format: LogFormat, default_level: &str) -> Result<(), String> {
+    let filter =
+        EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())

@@ -1,6 +1,7 @@
 //! Command-line parsing and dispatch; errors are reported here, once, with a non-zero exit.
 
 mod bench;
+mod demo;
 mod logging;
 mod policy;
 mod serve;
@@ -26,6 +27,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start here: a server, shard and GPU workers, a mixed load, live progress, a summary.
+    Demo(demo::DemoArgs),
     /// Run the scheduler: HTTP API on --listen, state in --data-dir.
     Serve(serve::ServeArgs),
     /// Submit one task and print it.
@@ -40,7 +43,7 @@ enum Command {
         #[command(subcommand)]
         command: policy::PolicyCommand,
     },
-    /// Run a reference worker with a synthetic executor: claims, heartbeats, reports.
+    /// Run a reference worker (synthetic executor, or a vector shard with --vectors).
     Worker(worker::WorkerArgs),
     /// Measure throughput and latency; prints figures.
     Bench {
@@ -51,7 +54,11 @@ enum Command {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(error) = logging::init(cli.log_format) {
+    let default_level = match cli.command {
+        Command::Demo(_) => "warn",
+        _ => "info",
+    };
+    if let Err(error) = logging::init(cli.log_format, default_level) {
         eprintln!("error: cannot start logging: {error}");
         return ExitCode::FAILURE;
     }
@@ -67,6 +74,7 @@ pub fn main() -> ExitCode {
     };
     let outcome = runtime.block_on(async move {
         match cli.command {
+            Command::Demo(args) => demo::run(args).await,
             Command::Serve(args) => serve::run(args).await,
             Command::Submit(args) => tasks::submit(args).await,
             Command::Task { command } => tasks::run(command).await,

@@ -86,6 +86,15 @@ fn measure(decisions: usize) -> anyhow::Result<()> {
             best_of(|| merge(&registry, batch, rounds))?,
         );
     }
+    // One vector query's merge as the scheduler runs it: 16 shards' top-10, merged to 10.
+    let rounds = (decisions / 160 / REPEATS).max(1);
+    let (wasm, native) = best_of(|| merge_cost(&registry, 16, 10, 10, rounds))?;
+    let per_query = |d: Duration| d.as_nanos() as f64 / rounds as f64 / 1000.0;
+    println!(
+        "merge of one query, 16 shards x 10 hits, k = 10: {:.2} us WASM, {:.2} us native",
+        per_query(wasm),
+        per_query(native)
+    );
     Ok(())
 }
 
@@ -296,8 +305,24 @@ fn merge(
     rounds: usize,
 ) -> anyhow::Result<(Duration, Duration)> {
     let children = 8usize;
-    let per_child = batch.div_ceil(children);
-    let k = (batch / 2).max(1) as u32;
+    merge_cost(
+        registry,
+        children,
+        batch.div_ceil(children),
+        (batch / 2).max(1) as u32,
+        rounds,
+    )
+}
+
+/// `rounds` merges of `children` × `per_child` hits to the nearest `k`, through the
+/// registry (WASM) and natively.
+fn merge_cost(
+    registry: &PolicyRegistry,
+    children: usize,
+    per_child: usize,
+    k: u32,
+    rounds: usize,
+) -> anyhow::Result<(Duration, Duration)> {
     let part = |child: usize| -> Vec<Hit> {
         (0..per_child)
             .map(|i| {
