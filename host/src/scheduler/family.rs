@@ -13,6 +13,10 @@ use crate::model::{
 };
 use rand::Rng;
 
+/// The most bytes the children of one split may carry in payloads together: each holds the
+/// query vector, so a wide vector split very fine would otherwise make one huge write.
+const MAX_CHILDREN_PAYLOAD_BYTES: usize = 16 << 20;
+
 impl Writer {
     /// Whether tasks of `kind` are split on admission.
     pub(super) fn splits(&self, kind: &str) -> bool {
@@ -59,6 +63,14 @@ impl Writer {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| SchedulerError::Internal(format!("cannot encode a child payload: {e}")))?;
+        let payload_bytes: usize = plans.iter().map(|p| p.payload_json.len()).sum();
+        if payload_bytes > MAX_CHILDREN_PAYLOAD_BYTES {
+            return Err(SchedulerError::SplitRefused(format!(
+                "{} children would carry {payload_bytes} bytes of payload, more than the limit of \
+                 {MAX_CHILDREN_PAYLOAD_BYTES}; split into fewer children",
+                plans.len()
+            )));
+        }
         let created = self
             .engine
             .plan_create(now_ms, self.random.random(), submission, admission);
