@@ -66,7 +66,7 @@ async fn the_key_may_come_from_the_header_and_must_agree_with_the_body() {
     let server = Server::start(dir.path());
     let client = http();
     let url = server.endpoint("/v1/tasks");
-    let body = json!({"kind": "vector.search", "payload": {"k": 10}});
+    let body = json!({"kind": "embedding.lookup", "payload": {"k": 10}});
     let send = |key: &'static str, body: Value| {
         let request = client.post(&url).header("Idempotency-Key", key).json(&body);
         async move { answer(request.send().await.unwrap()).await }

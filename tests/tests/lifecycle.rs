@@ -34,7 +34,7 @@ async fn submit_read_cancel_list_and_restart() {
     let big = post_json(
         &client,
         &tasks_url,
-        &json!({"kind": "vector.search", "device": "front-1", "payload": big_payload}),
+        &json!({"kind": "embedding.index", "device": "front-1", "payload": big_payload}),
     )
     .await;
     assert_eq!(big.status, 201);
