@@ -272,7 +272,9 @@ fn ivf_with_32_lists_reaches_its_recall() {
         ("digits", digits()),
         ("clustered", clustered(3_000, 32, 24, 5)),
     ] {
+        let one = ivf_recall(&vectors, 1);
         let four = ivf_recall(&vectors, 4);
+        println!("{name}: recall@10 probing 1 / 4 of 32 IVF lists: {one:.3} / {four:.3}");
         assert!(
             four >= 0.95,
             "{name}: recall@10 probing 4 of 32 lists is {four}"
