@@ -123,6 +123,16 @@ fn cli(server: &Server, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// A temporary folder holding the data set as .npy, and a server started with `args`.
+fn start(args: &[&str]) -> (tempfile::TempDir, Vec<f32>, std::path::PathBuf, Server) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dataset();
+    let file = dir.path().join("vectors.npy");
+    write_npy(&file, &data);
+    let server = Server::start_with(&dir.path().join("db"), args);
+    (dir, data, file, server)
+}
+
 /// A worker holding stored shard `index` of `count`.
 fn shard_worker(
     server: &Server,
@@ -148,14 +158,7 @@ fn shard_worker(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_queries_equal_exact_search_and_a_merge_policy_swap_applies_to_the_next_query() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset();
-    let file = dir.path().join("vectors.npy");
-    write_npy(&file, &data);
-    let server = Server::start_with(
-        &dir.path().join("db"),
-        &["--policy-config", "split.shards=3"],
-    );
+    let (_dir, data, file, server) = start(&["--policy-config", "split.shards=3"]);
     let _workers: Vec<Worker> = (0..3)
         .map(|i| shard_worker(&server, &file, i, 3, &[]))
         .collect();
@@ -222,14 +225,8 @@ async fn split_queries_equal_exact_search_and_a_merge_policy_swap_applies_to_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_worker_killed_mid_query_gives_a_partial_answer_or_a_failure_naming_the_shard() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dataset();
-    let file = dir.path().join("vectors.npy");
-    write_npy(&file, &data);
-    let server = Server::start_with(
-        &dir.path().join("db"),
-        &["--lease-ms", "1000", "--policy-config", "split.shards=2"],
-    );
+    let (_dir, data, file, server) =
+        start(&["--lease-ms", "1000", "--policy-config", "split.shards=2"]);
     let _shard0 = shard_worker(&server, &file, 0, 2, &[]);
     // Shard 1's worker holds its children until it is killed.
     let shard1 = shard_worker(&server, &file, 1, 2, &["--exec-ms", "600000"]);

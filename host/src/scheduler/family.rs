@@ -88,8 +88,8 @@ impl Writer {
     }
 
     /// What a planned change means for families: children that ended are counted on their
-    /// parents (which merge once all have), and parents that ended without merging cancel
-    /// their unfinished children. Called by `plan` with a change's writes (previous state,
+    /// parents (which merge once all have), and parents that ended cancel their unfinished
+    /// children. Called by `plan` with a change's writes (previous state,
     /// task) of family members, after the change joined the group.
     pub(super) fn follow_families(&mut self, writes: &[(Option<State>, Task)], group: &mut Group) {
         let mut settled: Vec<(TaskId, TaskId)> = Vec::new();
@@ -102,7 +102,7 @@ impl Writer {
             if let Some(parent) = task.parent {
                 settled.push((parent, task.id));
             }
-            if task.family.is_some() && task.state != State::Completed {
+            if task.family.is_some() {
                 orphaned.push(task.clone());
             }
         }
@@ -131,8 +131,7 @@ impl Writer {
         Ok(())
     }
 
-    /// Merges what `parent`'s children answered and completes (or fails) it; children still
-    /// running (a merge deadline passed) are cancelled.
+    /// Merges what `parent`'s children answered and completes (or fails) it.
     pub(super) fn merge_family(
         &mut self,
         parent: &Task,
@@ -225,10 +224,8 @@ impl Writer {
                 state: parent.state,
                 source,
             })?;
+        // Children still out (a merge deadline passed) are cancelled as the parent ends.
         self.plan(change, group);
-        // Children still out when a merge deadline passed: their answers come too late.
-        let merged = self.task(parent.id, group)?;
-        self.cancel_children(&merged, group);
         Ok(())
     }
 
