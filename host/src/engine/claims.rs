@@ -132,6 +132,8 @@ impl Engine {
             attempt,
             expires_at_ms: now_ms.saturating_add(lease_ms),
             attempt_ends_at_ms: now_ms.saturating_add(task.attempt_timeout_ms.max(1)),
+            claimed_at_ms: now_ms,
+            started_at_ms: None,
             gpu,
         };
         let detail = format!("attempt {attempt} leased to worker {worker}");

@@ -64,6 +64,9 @@ pub fn judge_key(existing: Option<&KeyRecord>, fingerprint: &[u8; 32]) -> KeyVer
 pub struct Snapshot {
     pub tasks_by_state: std::collections::BTreeMap<State, u64>,
     pub queued_by_bucket: std::collections::BTreeMap<crate::model::Priority, usize>,
+    /// When the task first in line of each non-empty bucket was submitted: with FIFO ranks,
+    /// the one that has waited longest.
+    pub first_in_line_created_at_ms: std::collections::BTreeMap<crate::model::Priority, u64>,
     pub illegal_transitions_total: u64,
     pub last_event_seq: u64,
     pub workers: usize,
@@ -209,6 +212,13 @@ impl Engine {
             queued_by_bucket: crate::model::Priority::ALL
                 .into_iter()
                 .map(|b| (b, self.queues.len(b)))
+                .collect(),
+            first_in_line_created_at_ms: crate::model::Priority::ALL
+                .into_iter()
+                .filter_map(|b| {
+                    let id = self.queues.front(b)?;
+                    Some((b, self.queues.get(id)?.view.created_ms))
+                })
                 .collect(),
             illegal_transitions_total: self.illegal_transitions,
             last_event_seq: self.next_event_seq - 1,

@@ -81,7 +81,11 @@ impl Engine {
     /// Claimed → Running.
     pub fn plan_start(&mut self, now_ms: u64, task: &Task) -> Result<Change, IllegalTransition> {
         let actor = lease_actor(task);
-        self.plan_with(now_ms, task, &[State::Running], actor, None, |_| {})
+        self.plan_with(now_ms, task, &[State::Running], actor, None, |after| {
+            if let Some(lease) = &mut after.lease {
+                lease.started_at_ms = Some(now_ms);
+            }
+        })
     }
 
     /// Pushes the lease back by the lease length, never past the attempt's end. Not a

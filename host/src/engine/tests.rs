@@ -112,6 +112,8 @@ fn recovery_rebuilds_queues_leases_and_numbering_from_the_live_tasks() {
         attempt: 1,
         expires_at_ms: 50_000,
         attempt_ends_at_ms: 90_000,
+        claimed_at_ms: 30_000,
+        started_at_ms: None,
         gpu: None,
     });
     let recovery = Recovery {

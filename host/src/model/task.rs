@@ -107,6 +107,12 @@ pub struct Lease {
     pub expires_at_ms: u64,
     /// Claim time plus the attempt timeout: past it the attempt fails as `timeout`.
     pub attempt_ends_at_ms: u64,
+    /// When the attempt was leased (0 in records written before it was kept).
+    #[serde(default)]
+    pub claimed_at_ms: u64,
+    /// When the worker reported the start, if it did: execution time runs from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<u64>,
     /// The worker's GPU this attempt occupies, by index in its heartbeat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<u32>,
