@@ -53,6 +53,13 @@ impl Store for FlakyStore {
     fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
         self.inner.list(query)
     }
+    fn events_after(
+        &self,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::model::Event>, StoreError> {
+        self.inner.events_after(after_seq, limit)
+    }
     fn worker_events(
         &self,
         after_seq: u64,

@@ -137,6 +137,8 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Option<Vec<Event>>, StoreError>;
     fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError>;
+    /// The global event log after `after_seq`, oldest first, at most `limit`.
+    fn events_after(&self, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError>;
     /// The worker log after `after_seq`, oldest first, at most `limit`.
     fn worker_events(&self, after_seq: u64, limit: usize) -> Result<Vec<WorkerEvent>, StoreError>;
     fn recover(&self) -> Result<Recovery, StoreError>;

@@ -370,6 +370,37 @@ impl Store for SledStore {
         Ok(page)
     }
 
+    fn events_after(&self, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
+        let first = after_seq.saturating_add(1);
+        // The block holding `first` starts at or before it; the blocks after it follow.
+        let start = match self
+            .tree
+            .range(keys::block(0)..=keys::block(first))
+            .next_back()
+        {
+            Some(entry) => entry?.0,
+            None => keys::block(first).to_vec().into(),
+        };
+        let mut events = Vec::new();
+        for entry in self
+            .tree
+            .range(start..=keys::block(u64::MAX).to_vec().into())
+        {
+            let (_, bytes) = entry?;
+            let block: Vec<Event> =
+                serde_json::from_slice(&bytes).map_err(|e| corrupt("event log", e))?;
+            for event in block {
+                if events.len() >= limit {
+                    return Ok(events);
+                }
+                if event.seq >= first {
+                    events.push(event);
+                }
+            }
+        }
+        Ok(events)
+    }
+
     fn worker_events(&self, after_seq: u64, limit: usize) -> Result<Vec<WorkerEvent>, StoreError> {
         let start = keys::worker_event(after_seq.saturating_add(1));
         let end = keys::worker_event(u64::MAX);
