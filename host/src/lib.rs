@@ -15,5 +15,6 @@ pub mod policy;
 pub mod scheduler;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod vector;
 pub mod worker;

@@ -12,6 +12,7 @@ use crate::policy::{
 };
 use crate::scheduler::{Scheduler, SchedulerError, SchedulerOptions, SystemClock};
 use crate::store::{SledOptions, SledStore, StoreError};
+use crate::telemetry::Metrics;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -49,6 +50,7 @@ impl Server {
             },
         )?;
         let store = Arc::new(store);
+        let metrics = Arc::new(Metrics::new());
         let runtime = Arc::new(PolicyRuntime::new(RuntimeOptions {
             memory_limit_bytes: config.policy_memory_limit_bytes,
             call_fuel: config.policy_call_fuel,
@@ -62,6 +64,7 @@ impl Server {
                     max_faults: config.policy_max_faults,
                     window_ms: config.policy_fault_window_ms,
                 },
+                metrics: metrics.policies.clone(),
             },
         )?);
         let scheduler = Scheduler::start(
@@ -77,6 +80,7 @@ impl Server {
                 },
                 aging_interval_ms: config.aging_interval_ms,
                 split_kinds: config.split_kinds.clone(),
+                metrics: metrics.tasks.clone(),
                 ..SchedulerOptions::default()
             },
         )?;
@@ -90,7 +94,7 @@ impl Server {
         );
         limits.max_claim_wait = Duration::from_millis(config.max_claim_wait_ms);
         Ok(Server {
-            state: AppState::new(Arc::new(scheduler), policies, limits),
+            state: AppState::new(Arc::new(scheduler), policies, limits, metrics),
             drain_timeout: Duration::from_millis(config.drain_timeout_ms),
         })
     }
@@ -105,6 +109,7 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         let draining = self.state.draining.clone();
+        let drain = self.state.drain.clone();
         let scheduler = self.state.scheduler.clone();
         let drain_timeout = self.drain_timeout;
         let app = api::router(self.state.clone());
@@ -112,6 +117,7 @@ impl Server {
             shutdown.await;
             tracing::info!("draining: no new submissions or claims; waiting for leased work");
             draining.store(true, Ordering::Release);
+            drain.send_replace(true);
             let leased = || {
                 let snapshot = scheduler.snapshot();
                 let count = |state| snapshot.tasks_by_state.get(&state).copied().unwrap_or(0);

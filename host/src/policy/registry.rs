@@ -96,6 +96,8 @@ pub struct RegistryOptions {
     /// that of any upload that brings none of its own.
     pub configs: BTreeMap<Kind, String>,
     pub fault_limit: FaultLimit,
+    /// Where each call's latency and faults are counted.
+    pub metrics: Arc<crate::telemetry::PolicyMetrics>,
 }
 
 /// An upload's outcome: the version, and whether it is new (not the same bytes and config
@@ -224,6 +226,7 @@ impl PolicyRegistry {
             builtins: &builtins,
             limit: options.fault_limit,
             mutations: &mutations,
+            metrics: &options.metrics,
         };
         let registry = PolicyRegistry {
             priority: context.slot()?,
@@ -629,6 +632,7 @@ struct OpenContext<'a> {
     builtins: &'a BTreeMap<Kind, Builtin>,
     limit: FaultLimit,
     mutations: &'a Arc<Mutex<()>>,
+    metrics: &'a Arc<crate::telemetry::PolicyMetrics>,
 }
 
 impl OpenContext<'_> {
@@ -662,6 +666,7 @@ impl OpenContext<'_> {
             self.limit,
             self.catalog.clone(),
             self.mutations.clone(),
+            self.metrics.clone(),
         ))
     }
 }

@@ -6,6 +6,7 @@ use super::instance::Policy;
 use super::runtime::{Compiled, PolicyError, PolicyRuntime};
 use crate::model::{PolicyAction, PolicyEvent};
 use crate::store::PolicyCatalog;
+use crate::telemetry::PolicyMetrics;
 use arc_swap::ArcSwap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -146,6 +147,7 @@ pub struct Slot<P> {
     catalog: Arc<dyn PolicyCatalog>,
     /// The registry's lock: activations, rollbacks and deactivations take turns.
     mutations: Arc<Mutex<()>>,
+    metrics: Arc<PolicyMetrics>,
     decisions_total: AtomicU64,
     faults_total: AtomicU64,
     fallbacks_total: AtomicU64,
@@ -158,12 +160,14 @@ impl<P: Policy> Slot<P> {
         limit: FaultLimit,
         catalog: Arc<dyn PolicyCatalog>,
         mutations: Arc<Mutex<()>>,
+        metrics: Arc<PolicyMetrics>,
     ) -> Slot<P> {
         Slot {
             chain: ArcSwap::from_pointee(chain),
             limit,
             catalog,
             mutations,
+            metrics,
             decisions_total: AtomicU64::new(0),
             faults_total: AtomicU64::new(0),
             fallbacks_total: AtomicU64::new(0),
@@ -206,7 +210,15 @@ impl<P: Policy> Slot<P> {
             if fallbacks > 0 {
                 self.fallbacks_total.fetch_add(1, Ordering::Relaxed);
             }
-            match loaded.run(&mut call, &judge) {
+            let started = std::time::Instant::now();
+            let outcome = loaded.run(&mut call, &judge);
+            self.metrics.record(
+                P::KIND.as_str(),
+                loaded.version,
+                started.elapsed(),
+                outcome.is_err(),
+            );
+            match outcome {
                 Ok(answer) => {
                     return Ok(Decided {
                         answer,

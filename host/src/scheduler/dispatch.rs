@@ -35,6 +35,15 @@ impl Writer {
         let mut leases = Vec::with_capacity(picks.len());
         for pick in picks {
             let task = self.task(pick.task, group)?;
+            let _claim = tracing::debug_span!(
+                target: crate::telemetry::TASK_SPANS,
+                "claim",
+                task_id = %task.id,
+                worker,
+                attempt = task.attempt.saturating_add(1),
+                bucket = task.bucket.as_str(),
+            )
+            .entered();
             let random: u128 = self.random.random();
             match self
                 .engine
@@ -59,6 +68,7 @@ impl Writer {
         report: Report,
         group: &mut Group,
     ) -> Result<Task, SchedulerError> {
+        let _span = report_span(id, &report).entered();
         let task = self.task(id, group)?;
         let now_ms = self.clock.now_ms();
         let illegal = |source| SchedulerError::Illegal {
@@ -323,5 +333,20 @@ impl Writer {
                 Err(error) => tracing::error!(task_id = %id, %error, "could not promote"),
             }
         }
+    }
+}
+
+/// The span of a worker's report, named for what it reports (span names are static).
+fn report_span(id: TaskId, report: &Report) -> tracing::Span {
+    use crate::telemetry::TASK_SPANS;
+    match report {
+        Report::Start => tracing::debug_span!(target: TASK_SPANS, "start", task_id = %id),
+        Report::Complete { .. } => {
+            tracing::debug_span!(target: TASK_SPANS, "complete", task_id = %id)
+        }
+        Report::Fail { class, .. } => {
+            tracing::debug_span!(target: TASK_SPANS, "fail", task_id = %id, class = class.as_str())
+        }
+        Report::Heartbeat => tracing::Span::none(),
     }
 }

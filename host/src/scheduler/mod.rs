@@ -28,7 +28,7 @@ use crate::store::{ListPage, ListQuery, Store, StoreError};
 use arc_swap::ArcSwap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SchedulerError {
@@ -100,6 +100,8 @@ pub struct SchedulerOptions {
     pub aging_interval_ms: u64,
     /// Task kinds split on admission by the split policy (and merged by the merge policy).
     pub split_kinds: Vec<String>,
+    /// Where committed changes are counted.
+    pub metrics: Arc<crate::telemetry::TaskMetrics>,
 }
 
 impl Default for SchedulerOptions {
@@ -110,6 +112,7 @@ impl Default for SchedulerOptions {
             tick_ms: 100,
             aging_interval_ms: 1_000,
             split_kinds: vec!["vector.search".to_owned()],
+            metrics: Arc::default(),
         }
     }
 }
@@ -174,6 +177,9 @@ pub struct Scheduler {
     snapshot: Arc<ArcSwap<Snapshot>>,
     /// Woken whenever tasks join a queue, for claims that wait for work.
     work_queued: Arc<tokio::sync::Notify>,
+    /// The last event `seq` on disk: readers of the log follow it, so they never show an
+    /// event a crash could still take back.
+    durable_event_seq: watch::Receiver<u64>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -209,6 +215,7 @@ impl Scheduler {
         let snapshot = Arc::new(ArcSwap::from_pointee(engine.snapshot()));
         let callback_jobs = callbacks::spawn(commands.clone())?;
         let work_queued = Arc::new(tokio::sync::Notify::new());
+        let (durable_tx, durable_event_seq) = watch::channel(last_event_seq);
         let mut writer = writer::Writer::new(
             engine,
             store.clone(),
@@ -221,6 +228,8 @@ impl Scheduler {
             options.aging_interval_ms,
         );
         writer.split_kinds = options.split_kinds.clone();
+        writer.metrics = options.metrics.clone();
+        writer.durable_event_seq = Some(durable_tx);
         writer.admit_recovered(&unadmitted)?;
         let flusher_store = store.clone();
         let flusher = std::thread::Builder::new()
@@ -249,6 +258,7 @@ impl Scheduler {
             store,
             snapshot,
             work_queued,
+            durable_event_seq,
             threads: Mutex::new(vec![writer, flusher, ticker]),
         })
     }
@@ -356,6 +366,26 @@ impl Scheduler {
         let (reply, answer) = oneshot::channel();
         self.send(Command::Workers { reply })?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)
+    }
+
+    /// Follows the last event `seq` made durable.
+    pub fn durable_event_seq(&self) -> watch::Receiver<u64> {
+        self.durable_event_seq.clone()
+    }
+
+    /// The global event log after `after_seq`, oldest first, at most `limit`, never past what
+    /// is durable.
+    pub fn log(
+        &self,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<crate::model::Event>, SchedulerError> {
+        let durable = *self.durable_event_seq.borrow();
+        if after_seq >= durable {
+            return Ok(Vec::new());
+        }
+        let limit = limit.min(usize::try_from(durable - after_seq).unwrap_or(usize::MAX));
+        Ok(self.store.events_after(after_seq, limit)?)
     }
 
     pub fn worker_events(

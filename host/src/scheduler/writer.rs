@@ -14,7 +14,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::SyncSender;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// Bounds on one group. Small groups let the writer plan the next group while the flusher
 /// syncs the last (the flusher still covers every group waiting with one sync); with 256
@@ -70,6 +70,9 @@ pub(crate) struct Writer {
     cache: super::task_cache::TaskCache,
     /// Task kinds split on admission by the split policy.
     pub(super) split_kinds: Vec<String>,
+    pub(super) metrics: Arc<crate::telemetry::TaskMetrics>,
+    /// Told the last event `seq` each sync covers.
+    pub(super) durable_event_seq: Option<watch::Sender<u64>>,
 }
 
 impl Writer {
@@ -99,6 +102,8 @@ impl Writer {
             next_aging_ms: 0,
             cache: super::task_cache::TaskCache::default(),
             split_kinds: Vec::new(),
+            metrics: Arc::default(),
+            durable_event_seq: None,
         }
     }
 
@@ -237,8 +242,21 @@ impl Writer {
         };
         match committed {
             Ok(()) => {
+                self.metrics.observe(&group.change);
                 let deliveries = group.deliveries;
+                let durable = self
+                    .durable_event_seq
+                    .clone()
+                    .zip(group.change.events.last().map(|event| event.seq));
                 let all: Delivery = Box::new(move |synced| {
+                    if let (Some((sender, seq)), Ok(())) = (&durable, &synced) {
+                        // Syncs run in commit order, so the number only grows.
+                        sender.send_if_modified(|last| {
+                            let newer = seq > last;
+                            *last = (*last).max(*seq);
+                            newer
+                        });
+                    }
                     for delivery in deliveries {
                         delivery(synced.clone());
                     }
@@ -290,6 +308,12 @@ impl Writer {
         if !group.change.is_empty() {
             self.store.commit(&group.change)?;
             self.store.sync()?;
+            self.metrics.observe(&group.change);
+            if let (Some(sender), Some(last)) =
+                (&self.durable_event_seq, group.change.events.last())
+            {
+                sender.send_replace(last.seq);
+            }
         }
         self.snapshot.store(Arc::new(self.engine.snapshot()));
         Ok(())
@@ -326,6 +350,16 @@ impl Writer {
                 let change =
                     self.engine
                         .plan_create(now_ms, self.random.random(), &submission, admission);
+                let _admit = tracing::debug_span!(
+                    target: crate::telemetry::TASK_SPANS,
+                    "admit",
+                    task_id = %change.writes[0].task.id,
+                    bucket = admission.bucket.as_str(),
+                    rank = admission.rank,
+                    attempt_timeout_ms = admission.attempt_timeout_ms,
+                    policy_version = admission.policy_version,
+                )
+                .entered();
                 Ok(Submitted {
                     task: self.plan(change, group),
                     replayed: false,

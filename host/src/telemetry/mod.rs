@@ -1,0 +1,77 @@
+//! Prometheus metrics: the families each layer records into (tasks by the writer, policies by
+//! their slots, HTTP by a middleware), the gauges of the present state, and the scrape that
+//! renders them all in the OpenMetrics text format.
+//!
+//! Every server owns its own registry (no process-wide recorder), so several servers in one
+//! process — tests, embedders — keep their figures apart.
+
+mod http;
+mod labels;
+mod policy;
+mod state;
+mod tasks;
+
+pub use http::{HttpMetrics, track};
+pub use labels::{LabelBudget, OTHER, failure_reason};
+pub use policy::PolicyMetrics;
+pub use state::Present;
+pub use tasks::TaskMetrics;
+
+use prometheus_client::registry::Registry;
+use std::sync::{Arc, Mutex};
+
+/// The target of the spans that follow a task — `submit`, `admit`, `claim`, `start`,
+/// `complete`, `fail` — each with a `task_id` field. They are at debug level, so they cost
+/// nothing unless `SLUICE_LOG` asks for them (`info,sluice::task=debug`).
+pub const TASK_SPANS: &str = "sluice::task";
+
+/// The content type of `render`'s text.
+pub const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Debug)]
+pub struct Metrics {
+    pub tasks: Arc<TaskMetrics>,
+    pub policies: Arc<PolicyMetrics>,
+    pub http: Arc<HttpMetrics>,
+    state: state::StateGauges,
+    registry: Registry,
+    /// Scrapes take turns: each one clears and refills the state gauges.
+    scrape: Mutex<()>,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let tasks = Arc::new(TaskMetrics::default());
+        let policies = Arc::new(PolicyMetrics::default());
+        let http = Arc::new(HttpMetrics::default());
+        let state = state::StateGauges::default();
+        let mut registry = Registry::with_prefix("sluice");
+        tasks.register(&mut registry);
+        policies.register(&mut registry);
+        http.register(&mut registry);
+        state.register(&mut registry);
+        Metrics {
+            tasks,
+            policies,
+            http,
+            state,
+            registry,
+            scrape: Mutex::new(()),
+        }
+    }
+
+    /// Every metric, with the state gauges set to `present`.
+    pub fn render(&self, present: &Present<'_>) -> Result<String, std::fmt::Error> {
+        let _turn = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        self.state.set(present);
+        let mut text = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
