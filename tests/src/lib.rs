@@ -47,14 +47,30 @@ impl Server {
     }
 
     pub fn start_with(data_dir: &Path, extra_args: &[&str]) -> Server {
+        Self::launch(data_dir, extra_args, &[("SLUICE_LOG", "warn")], None)
+    }
+
+    /// Starts `sluice serve` with `env` set and, when `log_file` is given, its stderr (the
+    /// log) written there.
+    pub fn launch(
+        data_dir: &Path,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+        log_file: Option<&Path>,
+    ) -> Server {
+        let stderr = match log_file {
+            Some(path) => Stdio::from(std::fs::File::create(path).expect("create the log file")),
+            None => Stdio::inherit(),
+        };
         let mut child = Command::new(sluice_binary())
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
             .args(extra_args)
             .env("SLUICE_LOG", "warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start sluice serve");
         let stdout = child.stdout.take().expect("piped stdout");
@@ -91,6 +107,19 @@ impl Server {
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
         let sent = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         assert_eq!(sent, 0, "send SIGTERM");
+    }
+
+    /// Waits for the process to exit until `deadline`; None if it is still running then.
+    pub fn wait_until(mut self, deadline: std::time::Instant) -> Option<ExitStatus> {
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the server") {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Waits for the process to exit.

@@ -1,10 +1,13 @@
 //! The HTTP API: every route under one router, so later layers (auth, rate limits) wrap them all.
 
 mod batch;
+mod events;
 mod extract;
+mod metrics;
 mod policies;
 mod problem;
 mod reports;
+mod status_page;
 mod tasks;
 mod workers;
 
@@ -16,6 +19,7 @@ pub use workers::{ClaimRefusal, ClaimResponse, LeaseGrant, MAX_CLAIM};
 use crate::model::Limits;
 use crate::policy::PolicyRegistry;
 use crate::scheduler::Scheduler;
+use crate::telemetry::{self, Metrics};
 use axum::Router;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
@@ -71,7 +75,12 @@ pub struct AppState {
     pub policies: Arc<PolicyRegistry>,
     pub limits: Arc<ApiLimits>,
     pub draining: Arc<AtomicBool>,
+    /// Turns true when the server starts to drain, ending long-lived streams.
+    pub drain: Arc<tokio::sync::watch::Sender<bool>>,
     pub body_budget: Arc<Semaphore>,
+    pub metrics: Arc<Metrics>,
+    /// Event streams open at once; past it, new ones are refused.
+    pub event_streams: Arc<Semaphore>,
 }
 
 impl AppState {
@@ -79,6 +88,7 @@ impl AppState {
         scheduler: Arc<Scheduler>,
         policies: Arc<PolicyRegistry>,
         limits: ApiLimits,
+        metrics: Arc<Metrics>,
     ) -> Self {
         // Semaphore permits are u32 and capped by tokio; the budget is clamped to fit.
         let permits = limits
@@ -90,7 +100,10 @@ impl AppState {
             policies,
             limits: Arc::new(limits),
             draining: Arc::new(AtomicBool::new(false)),
+            drain: Arc::new(tokio::sync::watch::Sender::new(false)),
             body_budget: Arc::new(Semaphore::new(permits)),
+            metrics,
+            event_streams: Arc::new(Semaphore::new(events::MAX_STREAMS)),
         }
     }
 
@@ -126,10 +139,15 @@ impl AppState {
 }
 
 pub fn router(state: AppState) -> Router {
+    let http_metrics = state.metrics.http.clone();
     Router::new()
+        .route("/", get(status_page::index))
+        .route("/assets/{file}", get(status_page::asset))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::scrape))
         .route("/v1/stats", get(stats))
+        .route("/v1/events", get(events::follow))
         .route("/v1/tasks", post(tasks::submit).get(tasks::list))
         .route("/v1/tasks:batch", post(tasks::submit_batch))
         .route("/v1/tasks/{id}", get(tasks::get))
@@ -155,6 +173,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(
+            http_metrics,
+            telemetry::track,
+        ))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(TraceLayer::new_for_http())
 }
@@ -170,8 +192,24 @@ async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> 
     }
 }
 
+/// The engine's snapshot, with how long the task first in line of each bucket has waited.
 async fn stats(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
-    axum::Json(state.scheduler.snapshot().as_ref().clone()).into_response()
+    let snapshot = state.scheduler.snapshot();
+    let now_ms = crate::scheduler::Clock::now_ms(&crate::scheduler::SystemClock);
+    let oldest_wait_ms_by_bucket: std::collections::BTreeMap<_, u64> = snapshot
+        .first_in_line_created_at_ms
+        .iter()
+        .map(|(bucket, created_ms)| (*bucket, now_ms.saturating_sub(*created_ms)))
+        .collect();
+    let mut body = serde_json::to_value(snapshot.as_ref()).unwrap_or_default();
+    if let Some(fields) = body.as_object_mut() {
+        fields.insert(
+            "oldest_wait_ms_by_bucket".into(),
+            serde_json::to_value(oldest_wait_ms_by_bucket).unwrap_or_default(),
+        );
+        fields.insert("now_ms".into(), now_ms.into());
+    }
+    axum::Json(body).into_response()
 }
 
 async fn route_not_found(uri: Uri) -> ApiError {

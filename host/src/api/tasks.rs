@@ -14,6 +14,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use tracing::Instrument;
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const IDEMPOTENT_REPLAY: &str = "idempotent-replay";
@@ -41,7 +42,19 @@ pub async fn submit(
     )
     .await?;
     let submission = spec.value.into_submission(header_key, &limits.task)?;
-    let submitted = state.scheduler.submit(submission).await?;
+    let span = tracing::debug_span!(
+        target: crate::telemetry::TASK_SPANS,
+        "submit",
+        task_id = tracing::field::Empty,
+        kind = %submission.spec.kind,
+        device = %submission.spec.device,
+    );
+    let submitted = state
+        .scheduler
+        .submit(submission)
+        .instrument(span.clone())
+        .await?;
+    span.record("task_id", tracing::field::display(submitted.task.id));
     Ok(submitted_response(submitted))
 }
 

@@ -162,6 +162,9 @@ impl<P: Policy> Slot<P> {
         mutations: Arc<Mutex<()>>,
         metrics: Arc<PolicyMetrics>,
     ) -> Slot<P> {
+        for link in &chain.links {
+            metrics.prepare(P::KIND.as_str(), link.version);
+        }
         Slot {
             chain: ArcSwap::from_pointee(chain),
             limit,
@@ -181,6 +184,9 @@ impl<P: Policy> Slot<P> {
 
     /// Makes `chain` current. Callers hold the registry's lock.
     pub(super) fn install(&self, chain: Chain<P>) {
+        for link in &chain.links {
+            self.metrics.prepare(P::KIND.as_str(), link.version);
+        }
         self.chain.store(Arc::new(chain));
     }
 

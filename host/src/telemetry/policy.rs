@@ -58,6 +58,15 @@ impl PolicyMetrics {
         );
     }
 
+    /// Shows `version` of `kind` with zero calls and faults before its first call, so a rate
+    /// of faults reads 0 rather than nothing.
+    pub fn prepare(&self, kind: &'static str, version: u32) {
+        let labels = VersionLabels { kind, version };
+        // Creating the series is the point; the guards are dropped at once.
+        drop(self.calls.get_or_create(&labels));
+        drop(self.faults.get_or_create(&labels));
+    }
+
     /// One call into `version` of `kind`, which took `elapsed` and faulted or not.
     pub fn record(&self, kind: &'static str, version: u32, elapsed: Duration, faulted: bool) {
         let labels = VersionLabels { kind, version };

@@ -1,0 +1,286 @@
+//! The status page in a real browser: headless Chromium, driven over WebDriver by
+//! chromedriver, against a running server. It must show the queues, follow the event log
+//! live, and show a task's timeline on lookup; the test saves a screenshot.
+//!
+//! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them). Without them the
+//! test says so and passes, unless `SLUICE_REQUIRE_BROWSER=1` (set by `.ci/run`) makes it fail.
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use hyper_util::client::legacy::connect::HttpConnector;
+use sluice_tests::*;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// chromedriver on a port of its own, killed with the test.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_driver() -> Driver {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let child = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromedriver");
+    let driver = Driver {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    // Ready when its status endpoint answers; the deadline turns a hang into a failure.
+    let client = http();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(response) = client.get(format!("{}/status", driver.url)).send().await
+            && response.status().is_success()
+        {
+            return driver;
+        }
+        assert!(Instant::now() < deadline, "chromedriver did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn browser(driver: &Driver, profile: &Path) -> Client {
+    let capabilities = json!({
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": CHROMIUM,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--disable-quic", "--window-size=1280,1100",
+                format!("--user-data-dir={}", profile.display()),
+            ],
+        },
+    });
+    let capabilities = match capabilities {
+        Value::Object(map) => map,
+        _ => unreachable!("an object literal"),
+    };
+    ClientBuilder::new(HttpConnector::new())
+        .capabilities(capabilities)
+        .connect(&driver.url)
+        .await
+        .expect("a Chromium session")
+}
+
+/// Waits until the element `css` shows exactly `text`.
+async fn wait_for_text(page: &Client, css: &str, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        if let Ok(element) = page.find(Locator::Css(css)).await {
+            last = element.text().await.unwrap_or_default();
+            if last == text {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{css} shows {last:?}, not {text:?}");
+}
+
+async fn texts(page: &Client, css: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for element in page
+        .find_all(Locator::Css(css))
+        .await
+        .expect("find elements")
+    {
+        out.push(element.text().await.expect("element text"));
+    }
+    out
+}
+
+async fn submit(client: &reqwest::Client, server: &Server, priority: &str) -> String {
+    let body = json!({"kind": "oct.segment", "device": "oct-ward-3", "priority": priority,
+        "est_exec_ms": 60000, "payload": {}});
+    let answer = post_json(client, &server.endpoint("/v1/tasks"), &body).await;
+    assert_eq!(answer.status, 201, "{:?}", answer.body);
+    answer.body["id"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_shows_queues_live_events_and_a_task_timeline_in_chromium() {
+    if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
+        let required = std::env::var("SLUICE_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "SLUICE_REQUIRE_BROWSER=1 but {CHROMIUM} or {CHROMEDRIVER} is missing: apt-get install chromium chromium-driver"
+        );
+        eprintln!(
+            "SKIPPED: no {CHROMIUM} / {CHROMEDRIVER} (apt-get install chromium chromium-driver)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let client = http();
+
+    // One task run to completion, for the lookup; then 3 urgent, 2 normal and 4 low waiting.
+    let heartbeat = json!({"gpus": [{"model": "A100", "memory_mb": 40000}], "max_concurrency": 4});
+    let worker = post_json(
+        &client,
+        &server.endpoint("/v1/workers/gpu-7/heartbeat"),
+        &heartbeat,
+    )
+    .await;
+    assert_eq!(worker.status, 200, "{:?}", worker.body);
+    let done = submit(&client, &server, "normal").await;
+    let claim = post_json(
+        &client,
+        &server.endpoint("/v1/workers/gpu-7/claim"),
+        &json!({"max": 1, "wait_ms": 5000}),
+    )
+    .await;
+    let token = claim.body["leases"][0]["lease_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for (report, body) in [
+        ("start", json!({"lease_token": token})),
+        (
+            "complete",
+            json!({"lease_token": token, "result": {"segments": 12}}),
+        ),
+    ] {
+        let url = server.endpoint(&format!("/v1/tasks/{done}/{report}"));
+        assert_eq!(post_json(&client, &url, &body).await.status, 200);
+    }
+    for priority in [
+        "urgent", "urgent", "urgent", "normal", "normal", "low", "low", "low", "low",
+    ] {
+        submit(&client, &server, priority).await;
+    }
+
+    let driver = start_driver().await;
+    let page = browser(&driver, &dir.path().join("chromium-profile")).await;
+    page.goto(&server.endpoint("/"))
+        .await
+        .expect("open the status page");
+    assert_eq!(page.title().await.unwrap(), "Sluice status");
+
+    wait_for_text(&page, "#queue-urgent", "3").await;
+    wait_for_text(&page, "#queue-normal", "2").await;
+    wait_for_text(&page, "#queue-low", "4").await;
+    wait_for_text(&page, "#state-completed", "1").await;
+    wait_for_text(&page, "#state-queued", "9").await;
+    wait_for_text(&page, "#health", "ready").await;
+    let workers = texts(&page, "#workers tbody tr td:first-child").await;
+    assert_eq!(workers, ["gpu-7"]);
+    wait_for_text(&page, "#workers tbody tr td.breaker", "closed").await;
+    let policies = texts(&page, "#policies tbody tr td:first-child").await;
+    assert_eq!(policies.len(), 5, "{policies:?}");
+    // The log so far: 10 tasks created and queued, one claimed, started and completed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while texts(&page, "#events li").await.len() < 23 {
+        assert!(
+            Instant::now() < deadline,
+            "the recent events did not arrive"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_for_text(&page, "#stream-state", "live").await;
+
+    // Live: a task submitted now shows in the stream and in the queue numbers.
+    let late = submit(&client, &server, "urgent").await;
+    wait_for_text(&page, "#queue-urgent", "4").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !texts(&page, "#events li")
+        .await
+        .iter()
+        .any(|line| line.contains(&late))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the new task's events did not stream in"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Lookup: the completed task's timeline, step by step.
+    let input = page.find(Locator::Id("lookup-id")).await.unwrap();
+    input.send_keys(&done).await.unwrap();
+    page.find(Locator::Id("lookup-go"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    page.wait()
+        .for_element(Locator::Css("#timeline li[data-to='completed']"))
+        .await
+        .expect("the timeline shows the completion");
+    let mut steps = Vec::new();
+    for item in page.find_all(Locator::Css("#timeline li")).await.unwrap() {
+        steps.push(item.attr("data-to").await.unwrap().unwrap_or_default());
+    }
+    assert_eq!(
+        steps,
+        ["created", "queued", "claimed", "running", "completed"]
+    );
+    let summary = page
+        .find(Locator::Id("task-summary"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        summary.contains(&done) && summary.contains("gpu-7"),
+        "{summary}"
+    );
+
+    // A lookup of a task that does not exist says so.
+    let input = page.find(Locator::Id("lookup-id")).await.unwrap();
+    input.clear().await.unwrap();
+    input.send_keys("01ARZ3NDEKTSV4RRFFQ69G5FAV").await.unwrap();
+    page.find(Locator::Id("lookup-go"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    page.wait()
+        .for_element(Locator::Css("#lookup-error:not([hidden])"))
+        .await
+        .expect("the lookup reports the missing task");
+
+    // Back to the found task for the screenshot.
+    let input = page.find(Locator::Id("lookup-id")).await.unwrap();
+    input.clear().await.unwrap();
+    input.send_keys(&done).await.unwrap();
+    page.find(Locator::Id("lookup-go"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    page.wait()
+        .for_element(Locator::Css("#lookup-result:not([hidden]) #timeline li"))
+        .await
+        .unwrap();
+    let png = page.screenshot().await.expect("a screenshot");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    std::fs::write(&shot, &png).expect("save the screenshot");
+    println!("status page screenshot: {}", shot.display());
+    page.close().await.expect("end the browser session");
+}
