@@ -183,6 +183,53 @@ pub async fn get_json(client: &reqwest::Client, url: &str) -> Answer {
     answer(client.get(url).send().await.expect("GET")).await
 }
 
+/// Registers `worker` with one 40 GB GPU and `max_concurrency`; asserts it is healthy.
+pub async fn register_worker(
+    client: &reqwest::Client,
+    server: &Server,
+    worker: &str,
+    max_concurrency: u32,
+) {
+    let answer = post_json(
+        client,
+        &server.endpoint(&format!("/v1/workers/{worker}/heartbeat")),
+        &json!({"gpus": [{"model": "A100", "memory_mb": 40000}], "max_concurrency": max_concurrency}),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    assert_eq!(answer.body["healthy"], true, "{:?}", answer.body);
+}
+
+/// Claims exactly one task for `worker` (waiting up to 5 s for it): the lease.
+pub async fn claim_lease(client: &reqwest::Client, server: &Server, worker: &str) -> Value {
+    let answer = post_json(
+        client,
+        &server.endpoint(&format!("/v1/workers/{worker}/claim")),
+        &json!({"max": 1, "wait_ms": 5000}),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    let leases = answer.body["leases"].as_array().expect("leases");
+    assert_eq!(leases.len(), 1, "{:?}", answer.body);
+    leases[0].clone()
+}
+
+/// A worker's report on task `id`: `start`, `heartbeat`, `complete` or `fail`.
+pub async fn report(
+    client: &reqwest::Client,
+    server: &Server,
+    id: &str,
+    what: &str,
+    body: Value,
+) -> Answer {
+    post_json(
+        client,
+        &server.endpoint(&format!("/v1/tasks/{id}/{what}")),
+        &body,
+    )
+    .await
+}
+
 /// Every task in the store, following `next_after` page by page.
 pub async fn all_tasks(client: &reqwest::Client, server: &Server) -> Vec<Value> {
     let mut tasks = Vec::new();

@@ -3,45 +3,6 @@
 
 use sluice_tests::*;
 
-async fn heartbeat(client: &reqwest::Client, server: &Server, worker: &str) {
-    let answer = post_json(
-        client,
-        &server.endpoint(&format!("/v1/workers/{worker}/heartbeat")),
-        &json!({"gpus": [{"model": "A100", "memory_mb": 40000}], "max_concurrency": 1}),
-    )
-    .await;
-    assert_eq!(answer.status, 200, "{:?}", answer.body);
-    assert_eq!(answer.body["healthy"], true);
-}
-
-async fn claim(client: &reqwest::Client, server: &Server, worker: &str) -> Value {
-    let answer = post_json(
-        client,
-        &server.endpoint(&format!("/v1/workers/{worker}/claim")),
-        &json!({"max": 1, "wait_ms": 5000}),
-    )
-    .await;
-    assert_eq!(answer.status, 200, "{:?}", answer.body);
-    let leases = answer.body["leases"].as_array().unwrap();
-    assert_eq!(leases.len(), 1, "{:?}", answer.body);
-    leases[0].clone()
-}
-
-async fn report(
-    client: &reqwest::Client,
-    server: &Server,
-    id: &str,
-    report: &str,
-    body: Value,
-) -> Answer {
-    post_json(
-        client,
-        &server.endpoint(&format!("/v1/tasks/{id}/{report}")),
-        &body,
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zombie_reporting_with_its_expired_token_gets_409_and_the_new_attempt_is_undisturbed() {
     let dir = tempfile::tempdir().unwrap();
@@ -66,8 +27,8 @@ async fn a_zombie_reporting_with_its_expired_token_gets_409_and_the_new_attempt_
     assert_eq!(submitted.status, 201);
     let id = submitted.body["id"].as_str().unwrap().to_owned();
 
-    heartbeat(&client, &server, "zombie").await;
-    let first = claim(&client, &server, "zombie").await;
+    register_worker(&client, &server, "zombie", 1).await;
+    let first = claim_lease(&client, &server, "zombie").await;
     assert_eq!(first["task"]["id"], id.as_str());
     assert_eq!(first["payload"], json!({"eye": "left"}));
     assert_eq!(first["attempt"], 1);
@@ -86,8 +47,8 @@ async fn a_zombie_reporting_with_its_expired_token_gets_409_and_the_new_attempt_
     assert_eq!(read.body["lease"]["token"], "");
 
     // The zombie goes quiet; its lease expires and the task comes back for another worker.
-    heartbeat(&client, &server, "healthy").await;
-    let second = claim(&client, &server, "healthy").await;
+    register_worker(&client, &server, "healthy", 1).await;
+    let second = claim_lease(&client, &server, "healthy").await;
     assert_eq!(second["task"]["id"], id.as_str());
     assert_eq!(second["attempt"], 2);
     let new_token = second["lease_token"].as_str().unwrap().to_owned();
@@ -304,8 +265,8 @@ async fn a_completion_callback_is_retried_until_delivered_and_each_attempt_is_an
     )
     .await;
     let id = submitted.body["id"].as_str().unwrap().to_owned();
-    heartbeat(&client, &server, "w").await;
-    let lease = claim(&client, &server, "w").await;
+    register_worker(&client, &server, "w", 1).await;
+    let lease = claim_lease(&client, &server, "w").await;
     let token = lease["lease_token"].as_str().unwrap();
     let done = report(
         &client,

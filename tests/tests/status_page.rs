@@ -109,6 +109,19 @@ async fn texts(page: &Client, css: &str) -> Vec<String> {
     out
 }
 
+/// Types `id` into the lookup box, replacing what was there, and asks for it.
+async fn look_up(page: &Client, id: &str) {
+    let input = page.find(Locator::Id("lookup-id")).await.unwrap();
+    input.clear().await.unwrap();
+    input.send_keys(id).await.unwrap();
+    page.find(Locator::Id("lookup-go"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
 async fn submit(client: &reqwest::Client, server: &Server, priority: &str) -> String {
     let body = json!({"kind": "oct.segment", "device": "oct-ward-3", "priority": priority,
         "est_exec_ms": 60000, "payload": {}});
@@ -216,14 +229,7 @@ async fn the_status_page_shows_queues_live_events_and_a_task_timeline_in_chromiu
     }
 
     // Lookup: the completed task's timeline, step by step.
-    let input = page.find(Locator::Id("lookup-id")).await.unwrap();
-    input.send_keys(&done).await.unwrap();
-    page.find(Locator::Id("lookup-go"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    look_up(&page, &done).await;
     page.wait()
         .for_element(Locator::Css("#timeline li[data-to='completed']"))
         .await
@@ -249,30 +255,14 @@ async fn the_status_page_shows_queues_live_events_and_a_task_timeline_in_chromiu
     );
 
     // A lookup of a task that does not exist says so.
-    let input = page.find(Locator::Id("lookup-id")).await.unwrap();
-    input.clear().await.unwrap();
-    input.send_keys("01ARZ3NDEKTSV4RRFFQ69G5FAV").await.unwrap();
-    page.find(Locator::Id("lookup-go"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    look_up(&page, "01ARZ3NDEKTSV4RRFFQ69G5FAV").await;
     page.wait()
         .for_element(Locator::Css("#lookup-error:not([hidden])"))
         .await
         .expect("the lookup reports the missing task");
 
     // Back to the found task for the screenshot.
-    let input = page.find(Locator::Id("lookup-id")).await.unwrap();
-    input.clear().await.unwrap();
-    input.send_keys(&done).await.unwrap();
-    page.find(Locator::Id("lookup-go"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    look_up(&page, &done).await;
     page.wait()
         .for_element(Locator::Css("#lookup-result:not([hidden]) #timeline li"))
         .await

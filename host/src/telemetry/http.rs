@@ -14,7 +14,7 @@ use std::time::Instant;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub method: String,
+    pub method: &'static str,
     /// The route's pattern (`/v1/tasks/{id}`), never the raw path, so ids add no series.
     pub route: String,
     pub status: u16,
@@ -22,7 +22,7 @@ pub struct RequestLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
-    pub method: String,
+    pub method: &'static str,
     pub route: String,
 }
 
@@ -72,7 +72,7 @@ pub async fn track(
     next: Next,
 ) -> Response {
     let started = Instant::now();
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method());
     let route = request
         .extensions()
         .get::<MatchedPath>()
@@ -82,7 +82,7 @@ pub async fn track(
     metrics
         .latency
         .get_or_create(&RouteLabels {
-            method: method.clone(),
+            method,
             route: route.clone(),
         })
         .observe(started.elapsed().as_secs_f64());
@@ -95,4 +95,22 @@ pub async fn track(
         })
         .inc();
     response
+}
+
+/// The standard methods by name; any other (a client may send any token) is `other`.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    const KNOWN: [(Method, &str); 7] = [
+        (Method::GET, "GET"),
+        (Method::POST, "POST"),
+        (Method::PUT, "PUT"),
+        (Method::DELETE, "DELETE"),
+        (Method::HEAD, "HEAD"),
+        (Method::OPTIONS, "OPTIONS"),
+        (Method::PATCH, "PATCH"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(known, _)| known == method)
+        .map_or("other", |(_, name)| name)
 }
