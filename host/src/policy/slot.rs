@@ -6,11 +6,11 @@ use super::instance::Policy;
 use super::runtime::{Compiled, PolicyError, PolicyRuntime};
 use crate::model::{PolicyAction, PolicyEvent};
 use crate::store::PolicyCatalog;
-use crate::telemetry::PolicyMetrics;
+use crate::telemetry::{PolicyMetrics, VersionMetrics};
 use arc_swap::ArcSwap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Idle instances kept per version; more concurrent callers instantiate (a few µs) and the
 /// extras are dropped when returned.
@@ -42,6 +42,8 @@ pub struct Loaded<P> {
     compiled: Arc<Compiled>,
     idle: Mutex<Vec<P>>,
     recent_faults_ms: Mutex<VecDeque<u64>>,
+    /// Its calls, faults and latency, once its slot has named it.
+    metrics: OnceLock<VersionMetrics>,
 }
 
 impl<P: Policy> Loaded<P> {
@@ -62,7 +64,14 @@ impl<P: Policy> Loaded<P> {
             compiled,
             idle: Mutex::new(vec![first]),
             recent_faults_ms: Mutex::new(VecDeque::new()),
+            metrics: OnceLock::new(),
         })
+    }
+
+    /// This version's series among `metrics`.
+    fn metrics_in(&self, metrics: &PolicyMetrics) -> &VersionMetrics {
+        self.metrics
+            .get_or_init(|| metrics.version(P::KIND.as_str(), self.version))
     }
 
     /// A fresh instance of this version, outside the pool (conformance runs on one).
@@ -163,7 +172,7 @@ impl<P: Policy> Slot<P> {
         metrics: Arc<PolicyMetrics>,
     ) -> Slot<P> {
         for link in &chain.links {
-            metrics.prepare(P::KIND.as_str(), link.version);
+            link.metrics_in(&metrics);
         }
         Slot {
             chain: ArcSwap::from_pointee(chain),
@@ -185,7 +194,7 @@ impl<P: Policy> Slot<P> {
     /// Makes `chain` current. Callers hold the registry's lock.
     pub(super) fn install(&self, chain: Chain<P>) {
         for link in &chain.links {
-            self.metrics.prepare(P::KIND.as_str(), link.version);
+            link.metrics_in(&self.metrics);
         }
         self.chain.store(Arc::new(chain));
     }
@@ -218,12 +227,9 @@ impl<P: Policy> Slot<P> {
             }
             let started = std::time::Instant::now();
             let outcome = loaded.run(&mut call, &judge);
-            self.metrics.record(
-                P::KIND.as_str(),
-                loaded.version,
-                started.elapsed(),
-                outcome.is_err(),
-            );
+            loaded
+                .metrics_in(&self.metrics)
+                .record(started.elapsed(), outcome.is_err());
             match outcome {
                 Ok(answer) => {
                     return Ok(Decided {

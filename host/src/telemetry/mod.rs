@@ -13,7 +13,7 @@ mod tasks;
 
 pub use http::{HttpMetrics, track};
 pub use labels::{LabelBudget, OTHER, failure_reason};
-pub use policy::PolicyMetrics;
+pub use policy::{PolicyMetrics, VersionMetrics};
 pub use state::Present;
 pub use tasks::TaskMetrics;
 

@@ -58,24 +58,34 @@ impl PolicyMetrics {
         );
     }
 
-    /// Shows `version` of `kind` with zero calls and faults before its first call, so a rate
-    /// of faults reads 0 rather than nothing.
-    pub fn prepare(&self, kind: &'static str, version: u32) {
+    /// The series of `version` of `kind`, created now, so a new version shows zero calls and
+    /// faults before its first call. The handles are kept by the version, so a call records
+    /// without looking its labels up.
+    pub fn version(&self, kind: &'static str, version: u32) -> VersionMetrics {
         let labels = VersionLabels { kind, version };
-        // Creating the series is the point; the guards are dropped at once.
-        drop(self.calls.get_or_create(&labels));
-        drop(self.faults.get_or_create(&labels));
+        VersionMetrics {
+            calls: self.calls.get_or_create_owned(&labels),
+            faults: self.faults.get_or_create_owned(&labels),
+            latency: self.latency.get_or_create_owned(&labels),
+        }
     }
+}
 
-    /// One call into `version` of `kind`, which took `elapsed` and faulted or not.
-    pub fn record(&self, kind: &'static str, version: u32, elapsed: Duration, faulted: bool) {
-        let labels = VersionLabels { kind, version };
-        self.calls.get_or_create(&labels).inc();
-        self.latency
-            .get_or_create(&labels)
-            .observe(elapsed.as_secs_f64());
+/// One version's series.
+#[derive(Clone, Debug)]
+pub struct VersionMetrics {
+    calls: Counter,
+    faults: Counter,
+    latency: Histogram,
+}
+
+impl VersionMetrics {
+    /// One call, which took `elapsed` and faulted or not.
+    pub fn record(&self, elapsed: Duration, faulted: bool) {
+        self.calls.inc();
+        self.latency.observe(elapsed.as_secs_f64());
         if faulted {
-            self.faults.get_or_create(&labels).inc();
+            self.faults.inc();
         }
     }
 }
