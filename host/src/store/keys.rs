@@ -16,6 +16,9 @@ pub fn callback(id: TaskId) -> [u8; 17] {
     prefixed(CALLBACK, id)
 }
 
+/// `J`: the last commit of the write-ahead log that is in sled; the log up to it is spent.
+pub const WAL_FLOOR: [u8; 1] = [b'J'];
+
 /// `w | seq`: an entry of the worker log.
 pub const WORKER_EVENT: u8 = b'w';
 

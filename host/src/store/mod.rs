@@ -8,9 +8,14 @@
 //! index entry cost well over twice as much.
 
 mod keys;
+mod listing;
+mod materializer;
+mod overlay;
 mod policy_catalog;
 mod record;
 mod sled_store;
+mod wal;
+mod wal_file;
 
 pub use sled_store::{SledOptions, SledStore};
 

@@ -5,7 +5,7 @@
 //! activation stack; `e`+kind+seq → policy event; `c`+cache key → compiled code.
 
 use super::sled_store::{SledStore, corrupt};
-use super::{PolicyCatalog, Store, StoreError};
+use super::{PolicyCatalog, StoreError};
 use crate::model::{PolicyEvent, PolicyKind, PolicyVersion};
 
 fn module_key(sha256: &str) -> Vec<u8> {
@@ -80,7 +80,7 @@ impl PolicyCatalog for SledStore {
         batch.insert(version_key(version.kind, version.version), json(version)?);
         batch.insert(event_key(event.kind, event.seq), json(&event)?);
         self.policies.apply_batch(batch)?;
-        self.sync()?;
+        self.shared_sync_sled()?;
         Ok(event)
     }
 
@@ -104,7 +104,7 @@ impl PolicyCatalog for SledStore {
         batch.insert(&stack_key(kind)[..], json(&stack)?);
         batch.insert(event_key(kind, event.seq), json(&event)?);
         self.policies.apply_batch(batch)?;
-        self.sync()?;
+        self.shared_sync_sled()?;
         Ok(event)
     }
 

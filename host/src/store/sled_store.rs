@@ -1,20 +1,25 @@
-//! The embedded store: one sled tree in a local folder. `sync` is sled's flush, then an
+//! The embedded store: one sled tree in a local folder, behind a write-ahead file. A commit
+//! appends one record to the write-ahead file (`wal_file`) and joins the overlay; `sync` is an
+//! fdatasync of that file. The materializer writes the overlay into sled later, coalesced, and
+//! readers see the overlay first. Syncing sled (the materializer's and the policy catalog's) is
+//! its flush, then an
 //! fdatasync of its data file (on Linux sled's flush is only `sync_file_range`), then an fsync of
 //! any blob file sled wrote since the last sync: sled puts pages over a quarter segment (a leaf
 //! of large payloads, say) in separate blob files and never syncs them.
 
-use super::keys;
-use super::record;
+use super::overlay::Overlay;
+use super::wal::{self, CallbackMark, Entry, PendingWrite};
+use super::wal_file::WalFile;
 use super::{Change, KeyRecord, ListPage, ListQuery, Recovery, Store, StoreError};
+use super::{keys, listing, materializer, record};
 use crate::model::{Event, QueueEntry, State, Task, TaskId, WorkerEvent};
 use std::collections::HashMap;
 use std::collections::HashSet;
-use std::collections::hash_map::Entry;
 use std::ffi::OsString;
 use std::fs::File;
-use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 #[derive(Clone, Debug)]
 pub struct SledOptions {
@@ -38,19 +43,53 @@ const SEGMENT_SIZE_BYTES: usize = 8 << 20;
 const TREE_NAME: &str = "tasks";
 const POLICY_TREE_NAME: &str = "policies";
 
+/// Writes waiting to be written in place, at most; a commit past it waits for the materializer
+/// (up to `BEHIND_TIMEOUT`, then fails) so memory stays bounded.
+const MAX_PENDING_TASKS: usize = 100_000;
+const BEHIND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub struct SledStore {
-    db: sled::Db,
-    tree: sled::Tree,
+    shared: Arc<Shared>,
     pub(super) policies: sled::Tree,
+    materializer: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the store and its materializer thread share.
+pub(super) struct Shared {
+    db: sled::Db,
+    pub(super) tree: sled::Tree,
     data_file: Option<File>,
     blobs_dir: PathBuf,
-    /// Blob files already synced. The flusher calls `sync`, and the policy registry now and
-    /// then, so the lock is rarely contended.
+    /// Blob files already synced. The flusher, the materializer and the policy registry call
+    /// `sync`, so the lock is rarely contended.
     synced_blobs: Mutex<HashSet<OsString>>,
+    pub(super) overlay: Mutex<Overlay>,
+    /// Wakes the materializer.
+    pub(super) wake: Condvar,
+    /// Told after each round, for commits waiting on a full overlay.
+    pub(super) settled: Condvar,
+    /// Held for a whole round; holds the last commit written in place.
+    pub(super) rounds: Mutex<u64>,
+    pub(super) stop: AtomicBool,
+    /// Held for a whole commit; holds the next commit's number.
+    next_commit: Mutex<u64>,
+    pub(super) wal: WalFile,
+    fdatasync: bool,
 }
 
 impl SledStore {
     pub fn open(dir: &Path, options: &SledOptions) -> Result<Self, StoreError> {
+        Self::open_with(dir, options, true)
+    }
+
+    /// A store whose commits stay in the write-ahead log and the overlay: dropping it is a
+    /// crash as far as sled is concerned.
+    #[cfg(test)]
+    pub(super) fn open_without_materializer(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_with(dir, &SledOptions::default(), false)
+    }
+
+    fn open_with(dir: &Path, options: &SledOptions, materialize: bool) -> Result<Self, StoreError> {
         let open_error = |source| StoreError::Open {
             path: dir.display().to_string(),
             source,
@@ -70,16 +109,42 @@ impl SledStore {
         } else {
             None
         };
-        Ok(SledStore {
+        let (wal, logged) = WalFile::open(&dir.join("wal"))?;
+        let shared = Arc::new(Shared {
             db,
             tree,
-            policies,
             data_file,
             blobs_dir: dir.join("blobs"),
             synced_blobs: Mutex::new(HashSet::new()),
+            overlay: Mutex::new(Overlay::default()),
+            wake: Condvar::new(),
+            settled: Condvar::new(),
+            rounds: Mutex::new(0),
+            stop: AtomicBool::new(false),
+            next_commit: Mutex::new(1),
+            wal,
+            fdatasync: options.fdatasync,
+        });
+        shared.replay(logged)?;
+        let materializer = if materialize {
+            let shared = shared.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("sluice-materializer".into())
+                    .spawn(move || materializer::run(&shared))?,
+            )
+        } else {
+            None
+        };
+        Ok(SledStore {
+            shared,
+            policies,
+            materializer,
         })
     }
+}
 
+impl Shared {
     /// fsyncs the blob files written since the last call, then their directory.
     fn sync_new_blobs(&self) -> Result<(), StoreError> {
         let entries = match std::fs::read_dir(&self.blobs_dir) {
@@ -110,6 +175,179 @@ impl SledStore {
         Ok(())
     }
 
+    pub(super) fn sync_sled(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        if let Some(file) = &self.data_file {
+            file.sync_data()?;
+            self.sync_new_blobs()?;
+        }
+        Ok(())
+    }
+
+    /// At open: takes the logged commits past the floor back into the overlay (with every
+    /// index entry they may have left behind) and writes them into sled.
+    fn replay(&self, logged: Vec<(u64, Entry)>) -> Result<(), StoreError> {
+        let floor = match self.tree.get(keys::WAL_FLOOR)? {
+            Some(bytes) => keys::seq_at(&bytes, 0)
+                .ok_or_else(|| corrupt("write-ahead floor", "short value"))?,
+            None => 0,
+        };
+        *materializer::lock(&self.rounds) = floor;
+        let mut overlay = Overlay::default();
+        let mut last_commit = floor;
+        for (commit, entry) in logged {
+            last_commit = last_commit.max(commit);
+            if commit > floor {
+                overlay.absorb(commit, entry, true);
+            }
+        }
+        *materializer::lock(&self.next_commit) = last_commit + 1;
+        let replayed = overlay.len();
+        *materializer::lock(&self.overlay) = overlay;
+        if replayed > 0 {
+            materializer::round(self)?;
+            tracing::info!(records = replayed, "replayed the write-ahead log into sled");
+        }
+        Ok(())
+    }
+
+    /// The record of a task the overlay holds.
+    fn pending_record(&self, id: TaskId) -> Option<Arc<[u8]>> {
+        materializer::lock(&self.overlay)
+            .tasks
+            .get(&id)
+            .map(|pending| pending.record.clone())
+    }
+
+    /// The part of a task's record that a state change carries over.
+    fn tail_of(&self, id: TaskId) -> Result<Vec<u8>, StoreError> {
+        if let Some(record) = self.pending_record(id) {
+            return Ok(record::split(&record)?.tail());
+        }
+        let old = self
+            .tree
+            .get(keys::task(id))?
+            .ok_or_else(|| corrupt("task", format!("{id} changes state but has no record")))?;
+        Ok(record::split(&old)?.tail())
+    }
+
+    /// Waits while the overlay is full; an error once the materializer has made no room for
+    /// `BEHIND_TIMEOUT`.
+    fn wait_for_room(&self) -> Result<(), StoreError> {
+        let started = std::time::Instant::now();
+        let mut overlay = materializer::lock(&self.overlay);
+        while overlay.tasks.len() >= MAX_PENDING_TASKS {
+            if started.elapsed() >= BEHIND_TIMEOUT {
+                return Err(StoreError::Io(std::io::Error::other(
+                    "tasks are not being written in place: the write-ahead log is full",
+                )));
+            }
+            self.wake.notify_one();
+            overlay = self
+                .settled
+                .wait_timeout(overlay, std::time::Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// The commit's writes, one per task as the commit leaves it.
+    fn pending_writes(
+        &self,
+        change: &Change,
+        tails: &HashMap<TaskId, Vec<u8>>,
+    ) -> Result<Vec<PendingWrite>, StoreError> {
+        let mut order: Vec<TaskId> = Vec::new();
+        let mut coalesced: HashMap<TaskId, (Option<State>, u16, &Task)> = HashMap::new();
+        for write in &change.writes {
+            let task = &write.task;
+            coalesced
+                .entry(task.id)
+                .and_modify(|(_, touched, last)| {
+                    *touched |= wal::state_bit(task.state);
+                    *last = task;
+                })
+                .or_insert_with(|| {
+                    order.push(task.id);
+                    (write.previous, wal::state_bit(task.state), task)
+                });
+        }
+        let mut writes = Vec::with_capacity(order.len());
+        for id in order {
+            let Some(&(previous, touched, task)) = coalesced.get(&id) else {
+                continue;
+            };
+            let tail = match tails.get(&id) {
+                Some(tail) => std::borrow::Cow::Borrowed(tail),
+                None => std::borrow::Cow::Owned(self.tail_of(id)?),
+            };
+            // A queued task's index entry carries its queue entry, so queues are rebuilt at
+            // start from the index alone.
+            let index_value = if task.state == State::Queued {
+                QueueEntry::of(task).encode()
+            } else {
+                vec![task.bucket.index() as u8]
+            };
+            let callback = if task.callback_pending() {
+                CallbackMark::Set
+            } else if task.callback.is_some() {
+                CallbackMark::Clear
+            } else {
+                CallbackMark::Keep
+            };
+            let task_json = serde_json::to_vec(task).map_err(|e| corrupt("task", e))?;
+            writes.push(PendingWrite {
+                id,
+                previous,
+                touched,
+                state: task.state,
+                callback,
+                index_value,
+                record: Arc::from(record::encode(&task_json, &tail)?),
+            });
+        }
+        Ok(writes)
+    }
+
+    pub(super) fn decode_task(bytes: &[u8]) -> Result<Task, StoreError> {
+        let parts = record::split(bytes)?;
+        serde_json::from_slice(parts.task_json).map_err(|e| corrupt("task", e))
+    }
+
+    /// The block of the log that holds event `seq`: the last block starting at or before it.
+    pub(super) fn block_holding(&self, seq: u64) -> Result<Vec<Event>, StoreError> {
+        let missing = || corrupt("event log", format!("no block holds event {seq}"));
+        let pending = materializer::lock(&self.overlay)
+            .blocks
+            .range(..=seq)
+            .next_back()
+            .map(|(_, bytes)| bytes.clone());
+        let block: Vec<Event> = match pending {
+            Some(bytes) => serde_json::from_slice(&bytes),
+            None => {
+                let (_, bytes) = self
+                    .tree
+                    .range(keys::block(0)..=keys::block(seq))
+                    .next_back()
+                    .ok_or_else(missing)??;
+                serde_json::from_slice(&bytes)
+            }
+        }
+        .map_err(|e| corrupt("event log", e))?;
+        match (block.first(), block.last()) {
+            (Some(first), Some(last)) if first.seq <= seq && seq <= last.seq => Ok(block),
+            _ => Err(missing()),
+        }
+    }
+}
+
+impl SledStore {
+    /// Makes everything written into sled durable (the policy catalog writes there directly).
+    pub(super) fn shared_sync_sled(&self) -> Result<(), StoreError> {
+        self.shared.sync_sled()
+    }
+
     /// Opens a store that this process had open a moment ago, for tests that reopen one.
     /// sled's background flusher can still hold the file lock briefly after the last handle
     /// is dropped, so the lock is polled for, up to 10 s; any other error returns at once.
@@ -131,27 +369,26 @@ impl SledStore {
 
     #[cfg(test)]
     pub(super) fn synced_blob_count(&self) -> usize {
-        self.synced_blobs.lock().map(|s| s.len()).unwrap_or(0)
+        self.shared
+            .synced_blobs
+            .lock()
+            .map(|s| s.len())
+            .unwrap_or(0)
     }
 
-    fn decode_task(bytes: &[u8]) -> Result<Task, StoreError> {
-        let parts = record::split(bytes)?;
-        serde_json::from_slice(parts.task_json).map_err(|e| corrupt("task", e))
+    /// Writes everything pending in place now (tests that look at the tree itself).
+    #[cfg(test)]
+    pub(super) fn materialize(&self) -> Result<usize, StoreError> {
+        materializer::round(&self.shared)
     }
+}
 
-    /// The block of the log that holds event `seq`: the last block starting at or before it.
-    fn block_holding(&self, seq: u64) -> Result<Vec<Event>, StoreError> {
-        let missing = || corrupt("event log", format!("no block holds event {seq}"));
-        let (_, bytes) = self
-            .tree
-            .range(keys::block(0)..=keys::block(seq))
-            .next_back()
-            .ok_or_else(missing)??;
-        let block: Vec<Event> =
-            serde_json::from_slice(&bytes).map_err(|e| corrupt("event log", e))?;
-        match (block.first(), block.last()) {
-            (Some(first), Some(last)) if first.seq <= seq && seq <= last.seq => Ok(block),
-            _ => Err(missing()),
+impl Drop for SledStore {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake.notify_all();
+        if let Some(materializer) = self.materializer.take() {
+            let _ = materializer.join();
         }
     }
 }
@@ -184,7 +421,7 @@ fn decode_key_record(bytes: &[u8]) -> Result<KeyRecord, StoreError> {
 }
 
 /// The first key after every key that starts with `prefix`.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     if let Some(last) = end.last_mut() {
         *last += 1;
@@ -194,95 +431,91 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 
 impl Store for SledStore {
     fn commit(&self, change: &Change) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
+        let shared = &*self.shared;
+        let mut next_commit = materializer::lock(&shared.next_commit);
+        let mut entry = Entry::default();
         // The part of each record that state changes carry over: where the payload lives, and
         // the payload itself when inline.
         let mut tails: HashMap<TaskId, Vec<u8>> = HashMap::new();
         for new in &change.new_tasks {
             let tail = record::tail_for(&new.payload_json);
             if tail[0] == record::PAYLOAD_SEPARATE {
-                batch.insert(&keys::payload(new.id)[..], new.payload_json.as_slice());
+                entry
+                    .payloads
+                    .push((new.id, Arc::from(new.payload_json.as_slice())));
             }
             tails.insert(new.id, tail);
             if let Some((key, record)) = &new.key {
-                batch.insert(keys::idempotency(key), &encode_key_record(record)[..]);
+                entry.keys.push((key.clone(), encode_key_record(record)));
             }
         }
-        for write in &change.writes {
-            let task = &write.task;
-            if let Some(previous) = write.previous
-                && previous != task.state
-            {
-                batch.remove(&keys::state(previous, task.id)[..]);
-            }
-            // A queued task's index entry carries its queue entry, so queues are rebuilt at
-            // start from the index alone.
-            let index_value = if task.state == State::Queued {
-                QueueEntry::of(task).encode()
-            } else {
-                vec![task.bucket.index() as u8]
-            };
-            batch.insert(&keys::state(task.state, task.id)[..], index_value);
-            let tail = match tails.entry(task.id) {
-                Entry::Occupied(entry) => entry.into_mut(),
-                Entry::Vacant(entry) => {
-                    let old = self.tree.get(keys::task(task.id))?.ok_or_else(|| {
-                        corrupt(
-                            "task",
-                            format!("{} changes state but has no record", task.id),
-                        )
-                    })?;
-                    entry.insert(record::split(&old)?.tail())
-                }
-            };
-            if task.callback_pending() {
-                batch.insert(&keys::callback(task.id)[..], &[][..]);
-            } else if task.callback.is_some() {
-                batch.remove(&keys::callback(task.id)[..]);
-            }
-            let task_json = serde_json::to_vec(task).map_err(|e| corrupt("task", e))?;
-            batch.insert(&keys::task(task.id)[..], record::encode(&task_json, tail)?);
-        }
+        entry.writes = shared.pending_writes(change, &tails)?;
         if let Some(first) = change.events.first() {
             let block = serde_json::to_vec(&change.events).map_err(|e| corrupt("event", e))?;
-            batch.insert(&keys::block(first.seq)[..], block);
+            entry.blocks.push((first.seq, Arc::from(block)));
         }
         for event in &change.worker_events {
             let bytes = serde_json::to_vec(event).map_err(|e| corrupt("worker event", e))?;
-            batch.insert(&keys::worker_event(event.seq)[..], bytes);
+            entry.worker_events.push((event.seq, Arc::from(bytes)));
         }
-        self.tree.apply_batch(batch)?;
+        if entry.is_empty() {
+            return Ok(());
+        }
+        shared.wait_for_room()?;
+        let commit = *next_commit;
+        shared.wal.append(commit, &entry)?;
+        *next_commit += 1;
+        let mut overlay = materializer::lock(&shared.overlay);
+        let was_idle = overlay.pending_since.is_none();
+        overlay.absorb(commit, entry, false);
+        if was_idle || overlay.len() >= materializer::ROUND_TASKS {
+            shared.wake.notify_one();
+        }
         Ok(())
     }
 
     fn sync(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
-        if let Some(file) = &self.data_file {
-            file.sync_data()?;
-            self.sync_new_blobs()?;
+        if self.shared.fdatasync {
+            self.shared.wal.sync()?;
         }
         Ok(())
     }
 
     fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
-        self.tree
+        if let Some(record) = self.shared.pending_record(id) {
+            return Shared::decode_task(&record).map(Some);
+        }
+        self.shared
+            .tree
             .get(keys::task(id))?
-            .map(|bytes| Self::decode_task(&bytes))
+            .map(|bytes| Shared::decode_task(&bytes))
             .transpose()
     }
 
     fn payload(&self, id: TaskId) -> Result<Option<Vec<u8>>, StoreError> {
-        let Some(bytes) = self.tree.get(keys::task(id))? else {
-            return Ok(None);
+        let tree = &self.shared.tree;
+        let bytes: Arc<[u8]> = match self.shared.pending_record(id) {
+            Some(record) => record,
+            None => match tree.get(keys::task(id))? {
+                Some(bytes) => Arc::from(&bytes[..]),
+                None => return Ok(None),
+            },
         };
-        match record::split(&bytes)?.inline_payload {
-            Some(inline) => Ok(Some(inline.to_vec())),
-            None => Ok(self.tree.get(keys::payload(id))?.map(|b| b.to_vec())),
+        if let Some(inline) = record::split(&bytes)?.inline_payload {
+            return Ok(Some(inline.to_vec()));
         }
+        if let Some(payload) = materializer::lock(&self.shared.overlay).payloads.get(&id) {
+            return Ok(Some(payload.to_vec()));
+        }
+        Ok(tree.get(keys::payload(id))?.map(|b| b.to_vec()))
     }
 
     fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        self.tree
+        if let Some(record) = materializer::lock(&self.shared.overlay).keys.get(key) {
+            return decode_key_record(record).map(Some);
+        }
+        self.shared
+            .tree
             .get(keys::idempotency(key))?
             .map(|bytes| decode_key_record(&bytes))
             .transpose()
@@ -309,7 +542,7 @@ impl Store for SledStore {
             let held = block.first().is_some_and(|e| e.seq <= seq)
                 && block.last().is_some_and(|e| seq <= e.seq);
             if !held {
-                block = self.block_holding(seq)?;
+                block = self.shared.block_holding(seq)?;
             }
             let event = block
                 .iter()
@@ -321,79 +554,41 @@ impl Store for SledStore {
     }
 
     fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
-        let (prefix, id_offset): (Vec<u8>, usize) = match query.state {
-            Some(state) => (keys::state_prefix(state).to_vec(), 2),
-            None => (vec![keys::TASK], 1),
-        };
-        let start = match query.after {
-            Some(after) => {
-                let mut key = prefix.clone();
-                key.extend_from_slice(&after.to_bytes());
-                Bound::Excluded(key)
-            }
-            None => Bound::Included(prefix.clone()),
-        };
-        let mut iter = self
-            .tree
-            .range::<Vec<u8>, _>((start, Bound::Excluded(prefix_end(&prefix))));
-        let mut page = ListPage::default();
-        let mut examined = 0;
-        while let Some(entry) = iter.next() {
-            let (key, value) = entry?;
-            let id =
-                keys::id_at(&key, id_offset).ok_or_else(|| corrupt("task index", "short key"))?;
-            let task = if query.state.is_some() {
-                match self.task(id)? {
-                    Some(task) => task,
-                    None => return Err(corrupt("state index", format!("{id} has no record"))),
-                }
-            } else {
-                Self::decode_task(&value)?
-            };
-            examined += 1;
-            let wanted = query.kind.as_ref().is_none_or(|k| *k == task.kind)
-                && query.device.as_ref().is_none_or(|d| *d == task.device);
-            if wanted {
-                page.tasks.push(task);
-            }
-            if page.tasks.len() >= query.limit {
-                if iter.next().is_some() {
-                    page.next_after = Some(id);
-                }
-                break;
-            }
-            if examined >= query.scan_budget {
-                page.next_after = Some(id);
-                break;
-            }
-        }
-        Ok(page)
+        listing::list(&self.shared, query)
     }
 
     fn events_after(&self, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
         let first = after_seq.saturating_add(1);
+        // The overlay is read before sled: a block written into sled meanwhile is then found in
+        // one or the other, and the `seq` check below drops the copy.
+        let pending: Vec<Arc<[u8]>> = {
+            let overlay = materializer::lock(&self.shared.overlay);
+            let holding = overlay.blocks.range(..=first).next_back();
+            holding
+                .into_iter()
+                .chain(overlay.blocks.range(first.saturating_add(1)..))
+                .map(|(_, bytes)| bytes.clone())
+                .collect()
+        };
+        let tree = &self.shared.tree;
         // The block holding `first` starts at or before it; the blocks after it follow.
-        let start = match self
-            .tree
-            .range(keys::block(0)..=keys::block(first))
-            .next_back()
-        {
+        let start = match tree.range(keys::block(0)..=keys::block(first)).next_back() {
             Some(entry) => entry?.0,
             None => keys::block(first).to_vec().into(),
         };
-        let mut events = Vec::new();
-        for entry in self
-            .tree
+        let stored = tree
             .range(start..=keys::block(u64::MAX).to_vec().into())
-        {
-            let (_, bytes) = entry?;
+            .map(|entry| entry.map(|(_, bytes)| Arc::<[u8]>::from(&bytes[..])));
+        let mut events: Vec<Event> = Vec::new();
+        for bytes in stored.chain(pending.into_iter().map(Ok)) {
             let block: Vec<Event> =
-                serde_json::from_slice(&bytes).map_err(|e| corrupt("event log", e))?;
+                serde_json::from_slice(&bytes?).map_err(|e| corrupt("event log", e))?;
             for event in block {
                 if events.len() >= limit {
                     return Ok(events);
                 }
-                if event.seq >= first {
+                let next = events.last().map_or(first, |last| last.seq + 1);
+                if event.seq >= next {
                     events.push(event);
                 }
             }
@@ -402,34 +597,53 @@ impl Store for SledStore {
     }
 
     fn worker_events(&self, after_seq: u64, limit: usize) -> Result<Vec<WorkerEvent>, StoreError> {
-        let start = keys::worker_event(after_seq.saturating_add(1));
+        let first = after_seq.saturating_add(1);
+        let mut found: std::collections::BTreeMap<u64, Arc<[u8]>> =
+            materializer::lock(&self.shared.overlay)
+                .worker_events
+                .range(first..)
+                .take(limit)
+                .map(|(seq, bytes)| (*seq, bytes.clone()))
+                .collect();
+        let start = keys::worker_event(first);
         let end = keys::worker_event(u64::MAX);
-        let mut events = Vec::new();
-        for entry in self.tree.range(start..=end).take(limit) {
-            let (_, bytes) = entry?;
-            events.push(serde_json::from_slice(&bytes).map_err(|e| corrupt("worker event", e))?);
+        for entry in self.shared.tree.range(start..=end).take(limit) {
+            let (key, bytes) = entry?;
+            let seq = keys::seq_at(&key, 1).ok_or_else(|| corrupt("worker log", "short key"))?;
+            found.entry(seq).or_insert_with(|| Arc::from(&bytes[..]));
         }
-        Ok(events)
+        found
+            .values()
+            .take(limit)
+            .map(|bytes| serde_json::from_slice(bytes).map_err(|e| corrupt("worker event", e)))
+            .collect()
     }
 
     fn recover(&self) -> Result<Recovery, StoreError> {
+        // The index is read from the tree alone, so everything pending goes there first.
+        materializer::round(&self.shared)?;
         let mut recovery = Recovery::default();
-        if let Some(entry) = self.tree.scan_prefix([keys::BLOCK]).next_back() {
+        if let Some(entry) = self.shared.tree.scan_prefix([keys::BLOCK]).next_back() {
             let (key, _) = entry?;
             let first = keys::seq_at(&key, 1).ok_or_else(|| corrupt("event log", "short key"))?;
-            let block = self.block_holding(first)?;
+            let block = self.shared.block_holding(first)?;
             recovery.last_event_seq = block.last().map_or(first, |e| e.seq);
         }
-        if let Some(entry) = self.tree.scan_prefix([keys::WORKER_EVENT]).next_back() {
+        if let Some(entry) = self
+            .shared
+            .tree
+            .scan_prefix([keys::WORKER_EVENT])
+            .next_back()
+        {
             let (key, _) = entry?;
             recovery.last_worker_event_seq =
                 keys::seq_at(&key, 1).ok_or_else(|| corrupt("worker log", "short key"))?;
         }
-        if let Some(entry) = self.tree.scan_prefix([keys::TASK]).next_back() {
+        if let Some(entry) = self.shared.tree.scan_prefix([keys::TASK]).next_back() {
             let (key, _) = entry?;
             recovery.last_task_id = keys::id_at(&key, 1);
         }
-        for entry in self.tree.scan_prefix([keys::STATE]) {
+        for entry in self.shared.tree.scan_prefix([keys::STATE]) {
             let (key, value) = entry?;
             let state = key
                 .get(1)
@@ -448,7 +662,7 @@ impl Store for SledStore {
                 recovery.live.push(task);
             }
         }
-        for entry in self.tree.scan_prefix([keys::CALLBACK]) {
+        for entry in self.shared.tree.scan_prefix([keys::CALLBACK]) {
             let (key, _) = entry?;
             let id = keys::id_at(&key, 1).ok_or_else(|| corrupt("callback index", "short key"))?;
             let task = self

@@ -232,6 +232,7 @@ fn pages_too_large_for_the_log_land_in_blob_files_that_sync_covers() {
         &spec.into_submission(None, &limits).unwrap(),
     );
     store.sync().unwrap();
+    store.materialize().unwrap();
     let blobs = std::fs::read_dir(dir.path().join("blobs")).unwrap().count();
     assert!(blobs >= 1, "sled wrote the page as a blob file");
     assert_eq!(
@@ -242,4 +243,157 @@ fn pages_too_large_for_the_log_land_in_blob_files_that_sync_covers() {
     let read: serde_json::Value =
         serde_json::from_slice(&store.payload(task.id).unwrap().unwrap()).unwrap();
     assert_eq!(read, huge);
+}
+
+#[test]
+fn commits_that_never_reached_sled_come_back_from_the_write_ahead_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = Engine::default();
+    let big_payload = serde_json::json!({"blob": "y".repeat(20_000)});
+    let (queued, claimed_then_cancelled, big) = {
+        let store = SledStore::open_without_materializer(dir.path()).unwrap();
+        let queued = create(
+            &mut engine,
+            &store,
+            10,
+            &submission("k", "d", Some("exam-7"), serde_json::Value::Null),
+        );
+        let other = create(
+            &mut engine,
+            &store,
+            11,
+            &submission("k", "d", None, serde_json::Value::Null),
+        );
+        let big = create(
+            &mut engine,
+            &store,
+            12,
+            &submission("k", "d", None, big_payload.clone()),
+        );
+        // Half of what follows reaches sled, then the rest stays in the log only.
+        store.materialize().unwrap();
+        for state in [State::Claimed, State::Cancelled] {
+            let task = store.task(other.id).unwrap().unwrap();
+            let change = engine
+                .plan_transition(13, &task, state, Actor::api(), None)
+                .unwrap();
+            engine.apply(&change);
+            store.commit(&change).unwrap();
+        }
+        store.sync().unwrap();
+        // Readers see the log's version before sled has it.
+        assert_eq!(
+            store.task(other.id).unwrap().unwrap().state,
+            State::Cancelled
+        );
+        (queued, other.id, big)
+    };
+    let store = reopen(dir.path());
+    let cancelled = store.task(claimed_then_cancelled).unwrap().unwrap();
+    assert_eq!(cancelled.state, State::Cancelled);
+    assert_eq!(store.task(queued.id).unwrap(), Some(queued.clone()));
+    assert_eq!(store.key("exam-7").unwrap().unwrap().task_id, queued.id);
+    let stored_big: serde_json::Value =
+        serde_json::from_slice(&store.payload(big.id).unwrap().unwrap()).unwrap();
+    assert_eq!(stored_big, big_payload);
+    let timeline = store
+        .events_of(claimed_then_cancelled, 0, 100)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        timeline.iter().map(|e| e.to).collect::<Vec<_>>(),
+        [
+            State::Created,
+            State::Queued,
+            State::Claimed,
+            State::Cancelled
+        ]
+    );
+    assert_eq!(store.events_after(0, 100).unwrap().len(), 8);
+    // The index holds each task once, under its last state.
+    let recovery = store.recover().unwrap();
+    assert_eq!(recovery.last_event_seq, 8);
+    assert_eq!(
+        recovery.tasks_by_state[usize::from(State::Queued.code())],
+        2
+    );
+    assert_eq!(
+        recovery.tasks_by_state[usize::from(State::Claimed.code())],
+        0
+    );
+    assert_eq!(
+        recovery.tasks_by_state[usize::from(State::Cancelled.code())],
+        1
+    );
+    assert!(recovery.live.is_empty());
+    let query = ListQuery {
+        state: Some(State::Cancelled),
+        kind: None,
+        device: None,
+        after: None,
+        limit: 10,
+        scan_budget: 10,
+    };
+    let listed = store.list(&query).unwrap();
+    assert_eq!(
+        listed.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+        [claimed_then_cancelled]
+    );
+}
+
+#[test]
+fn listing_merges_what_is_only_in_the_log_with_what_is_in_sled() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open_without_materializer(dir.path()).unwrap();
+    let mut engine = Engine::default();
+    let mut ids = Vec::new();
+    for n in 0..6u64 {
+        let task = create(
+            &mut engine,
+            &store,
+            n,
+            &submission("k", "d", None, serde_json::Value::Null),
+        );
+        ids.push(task.id);
+        if n == 2 {
+            store.materialize().unwrap();
+        }
+    }
+    // Task 1 is in sled as queued, and cancelled in the log only.
+    let task = store.task(ids[1]).unwrap().unwrap();
+    let change = engine
+        .plan_transition(9, &task, State::Cancelled, Actor::api(), None)
+        .unwrap();
+    store.commit(&change).unwrap();
+    let query = |state, after, limit| ListQuery {
+        state,
+        kind: None,
+        device: None,
+        after,
+        limit,
+        scan_budget: 100,
+    };
+    let queued = store.list(&query(Some(State::Queued), None, 100)).unwrap();
+    assert_eq!(
+        queued.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+        [ids[0], ids[2], ids[3], ids[4], ids[5]]
+    );
+    let all = store.list(&query(None, None, 3)).unwrap();
+    assert_eq!(
+        all.tasks
+            .iter()
+            .map(|t| (t.id, t.state))
+            .collect::<Vec<_>>(),
+        [
+            (ids[0], State::Queued),
+            (ids[1], State::Cancelled),
+            (ids[2], State::Queued)
+        ]
+    );
+    assert_eq!(all.next_after, Some(ids[2]));
+    let rest = store.list(&query(None, all.next_after, 10)).unwrap();
+    assert_eq!(
+        rest.tasks.iter().map(|t| t.id).collect::<Vec<_>>(),
+        &ids[3..]
+    );
 }

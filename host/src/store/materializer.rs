@@ -1,0 +1,127 @@
+//! The materializer: writes what the overlay holds into sled (task records, state and callback
+//! index entries, idempotency keys, payloads, event blocks, worker log entries) and the floor,
+//! syncs sled, and then lets go of the write-ahead segments that covered it. Its own thread runs a round once enough is pending or the oldest write has
+//! waited `COALESCE`, so a task that is submitted, claimed and completed within one round is
+//! written in place once, not three times.
+
+use super::StoreError;
+use super::keys;
+use super::sled_store::Shared;
+use super::wal::{CallbackMark, states_in};
+use std::sync::MutexGuard;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// How long a pending write may wait for others to join its round.
+const COALESCE: Duration = Duration::from_millis(200);
+/// A round starts at once when this many tasks and keys are pending.
+pub const ROUND_TASKS: usize = 8_192;
+
+pub(super) fn lock<T>(mutex: &std::sync::Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes everything pending in place. Returns how many tasks and keys it wrote.
+pub(super) fn round(shared: &Shared) -> Result<usize, StoreError> {
+    let mut floor = lock(&shared.rounds);
+    let round = lock(&shared.overlay).round();
+    if round.through_commit <= *floor {
+        return Ok(0);
+    }
+    let tree = &shared.tree;
+    for (id, pending) in &round.tasks {
+        for stale in states_in(pending.stale_index).filter(|&s| s != pending.state) {
+            tree.remove(keys::state(stale, *id))?;
+        }
+        tree.insert(
+            keys::state(pending.state, *id),
+            pending.index_value.as_slice(),
+        )?;
+        tree.insert(keys::task(*id), &pending.record[..])?;
+        match pending.callback {
+            CallbackMark::Set => {
+                tree.insert(keys::callback(*id), &[][..])?;
+            }
+            CallbackMark::Clear => {
+                tree.remove(keys::callback(*id))?;
+            }
+            CallbackMark::Keep => {}
+        }
+    }
+    for (key, record) in &round.keys {
+        tree.insert(keys::idempotency(key), &record[..])?;
+    }
+    for (id, payload) in &round.payloads {
+        tree.insert(keys::payload(*id), &payload[..])?;
+    }
+    for (seq, block) in &round.blocks {
+        tree.insert(keys::block(*seq), &block[..])?;
+    }
+    for (seq, event) in &round.worker_events {
+        tree.insert(keys::worker_event(*seq), &event[..])?;
+    }
+    // The floor names the last commit in sled; replay skips the commits under it, so the
+    // segments holding them may go.
+    tree.insert(keys::WAL_FLOOR, &round.through_commit.to_be_bytes()[..])?;
+    shared.sync_sled()?;
+    *floor = round.through_commit;
+    let written = round.tasks.len()
+        + round.keys.len()
+        + round.payloads.len()
+        + round.blocks.len()
+        + round.worker_events.len();
+    {
+        let mut overlay = lock(&shared.overlay);
+        overlay.settle(&round);
+        shared.settled.notify_all();
+    }
+    shared.wal.release(round.through_commit)?;
+    Ok(written)
+}
+
+/// The materializer thread: rounds until told to stop, then one last round.
+pub(super) fn run(shared: &Shared) {
+    lower_priority();
+    loop {
+        let stopping = wait_for_work(shared);
+        if let Err(error) = round(shared) {
+            tracing::error!(%error, "writing pending tasks into sled failed; they stay in the write-ahead log");
+            if !stopping {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// Blocks until a round is due; true when the store is closing.
+fn wait_for_work(shared: &Shared) -> bool {
+    let mut overlay = lock(&shared.overlay);
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            return true;
+        }
+        let waited = overlay.pending_since.map(|since| since.elapsed());
+        overlay = match waited {
+            Some(waited) if waited >= COALESCE || overlay.len() >= ROUND_TASKS => return false,
+            Some(waited) => shared.wake.wait_timeout(overlay, COALESCE - waited),
+            None => shared.wake.wait_timeout(overlay, Duration::from_secs(1)),
+        }
+        .unwrap_or_else(|p| p.into_inner())
+        .0;
+    }
+}
+
+/// Rounds are background work: on a busy machine the writer, the flusher and the request
+/// threads, whose delays clients wait on, go first. (Linux lets a thread set its own nice value;
+/// where it fails the thread simply runs at the normal priority.)
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+    }
+}
