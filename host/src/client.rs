@@ -189,9 +189,17 @@ impl Client {
 
     /// Several reports in one request (`POST /v1/reports`): each item is `{report, task,
     /// lease_token, ...}`; the answer holds one result per item, in order.
-    pub async fn report_batch(&self, reports: Vec<Value>) -> Result<Value, ClientError> {
-        self.post_json("/v1/reports", &serde_json::json!({ "reports": reports }))
-            .await
+    /// Several reports in one request (`POST /v1/reports`): `reports` serializes as the list of
+    /// report objects; the answer is read as `T` (`serde_json::Value` for all of it).
+    pub async fn report_batch<T: serde::de::DeserializeOwned>(
+        &self,
+        reports: &impl serde::Serialize,
+    ) -> Result<T, ClientError> {
+        #[derive(serde::Serialize)]
+        struct Batch<'a, R> {
+            reports: &'a R,
+        }
+        self.post_json("/v1/reports", &Batch { reports }).await
     }
 
     pub async fn workers(&self) -> Result<Value, ClientError> {

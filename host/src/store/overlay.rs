@@ -114,8 +114,10 @@ impl Overlay {
         }
     }
 
+    /// Everything held, each kind in key order: sled then writes neighbouring keys one after
+    /// another, rather than a leaf here and a leaf there.
     pub fn round(&self) -> Round {
-        Round {
+        let mut round = Round {
             through_commit: self.last_commit,
             tasks: self
                 .tasks
@@ -142,7 +144,11 @@ impl Overlay {
                 .iter()
                 .map(|(seq, bytes)| (*seq, bytes.clone()))
                 .collect(),
-        }
+        };
+        round.tasks.sort_unstable_by_key(|(id, _)| *id);
+        round.keys.sort_unstable();
+        round.payloads.sort_unstable_by_key(|(id, _)| *id);
+        round
     }
 
     /// Forgets what `round` wrote in place; a task written again since keeps its newer record,
