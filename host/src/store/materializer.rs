@@ -116,10 +116,10 @@ fn wait_for_work(shared: &Shared) -> bool {
     }
 }
 
-/// Rounds are background work: on a busy machine the writer, the flusher and the request
+/// Rounds (and the write-ahead log's spare segments) are background work: on a busy machine the writer, the flusher and the request
 /// threads, whose delays clients wait on, go first. (Linux lets a thread set its own nice value;
 /// where it fails the thread simply runs at the normal priority.)
-fn lower_priority() {
+pub(super) fn lower_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
     unsafe {

@@ -109,7 +109,13 @@ impl SledStore {
         } else {
             None
         };
-        let (wal, logged) = WalFile::open(&dir.join("wal"))?;
+        let floor = match tree.get(keys::WAL_FLOOR)? {
+            Some(bytes) => keys::seq_at(&bytes, 0)
+                .ok_or_else(|| corrupt("write-ahead floor", "short value"))?,
+            None => 0,
+        };
+        let (wal, logged) = WalFile::open(&dir.join("wal"), floor)?;
+        let next_commit = wal.next_commit();
         let shared = Arc::new(Shared {
             db,
             tree,
@@ -121,11 +127,11 @@ impl SledStore {
             settled: Condvar::new(),
             rounds: Mutex::new(0),
             stop: AtomicBool::new(false),
-            next_commit: Mutex::new(1),
+            next_commit: Mutex::new(next_commit),
             wal,
             fdatasync: options.fdatasync,
         });
-        shared.replay(logged)?;
+        shared.replay(logged, floor)?;
         let materializer = if materialize {
             let shared = shared.clone();
             Some(
@@ -186,22 +192,14 @@ impl Shared {
 
     /// At open: takes the logged commits past the floor back into the overlay (with every
     /// index entry they may have left behind) and writes them into sled.
-    fn replay(&self, logged: Vec<(u64, Entry)>) -> Result<(), StoreError> {
-        let floor = match self.tree.get(keys::WAL_FLOOR)? {
-            Some(bytes) => keys::seq_at(&bytes, 0)
-                .ok_or_else(|| corrupt("write-ahead floor", "short value"))?,
-            None => 0,
-        };
+    fn replay(&self, logged: Vec<(u64, Entry)>, floor: u64) -> Result<(), StoreError> {
         *materializer::lock(&self.rounds) = floor;
         let mut overlay = Overlay::default();
-        let mut last_commit = floor;
         for (commit, entry) in logged {
-            last_commit = last_commit.max(commit);
             if commit > floor {
                 overlay.absorb(commit, entry, true);
             }
         }
-        *materializer::lock(&self.next_commit) = last_commit + 1;
         let replayed = overlay.len();
         *materializer::lock(&self.overlay) = overlay;
         if replayed > 0 {
