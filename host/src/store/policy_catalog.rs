@@ -80,7 +80,7 @@ impl PolicyCatalog for SledStore {
         batch.insert(version_key(version.kind, version.version), json(version)?);
         batch.insert(event_key(event.kind, event.seq), json(&event)?);
         self.policies.apply_batch(batch)?;
-        self.shared_sync_sled()?;
+        self.sync_sled()?;
         Ok(event)
     }
 
@@ -104,7 +104,7 @@ impl PolicyCatalog for SledStore {
         batch.insert(&stack_key(kind)[..], json(&stack)?);
         batch.insert(event_key(kind, event.seq), json(&event)?);
         self.policies.apply_batch(batch)?;
-        self.shared_sync_sled()?;
+        self.sync_sled()?;
         Ok(event)
     }
 

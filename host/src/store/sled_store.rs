@@ -2,10 +2,10 @@
 //! appends one record to the write-ahead file (`wal_file`) and joins the overlay; `sync` is an
 //! fdatasync of that file. The materializer writes the overlay into sled later, coalesced, and
 //! readers see the overlay first. Syncing sled (the materializer's and the policy catalog's) is
-//! its flush, then an
-//! fdatasync of its data file (on Linux sled's flush is only `sync_file_range`), then an fsync of
-//! any blob file sled wrote since the last sync: sled puts pages over a quarter segment (a leaf
-//! of large payloads, say) in separate blob files and never syncs them.
+//! its flush, then an fdatasync of its data file (on Linux sled's flush is only
+//! `sync_file_range`), then an fsync of any blob file sled wrote since the last sync: sled puts
+//! pages over a quarter segment (a leaf of large payloads, say) in separate blob files and never
+//! syncs them.
 
 use super::overlay::Overlay;
 use super::wal::{self, CallbackMark, Entry, PendingWrite};
@@ -43,7 +43,7 @@ const SEGMENT_SIZE_BYTES: usize = 8 << 20;
 const TREE_NAME: &str = "tasks";
 const POLICY_TREE_NAME: &str = "policies";
 
-/// Writes waiting to be written in place, at most; a commit past it waits for the materializer
+/// Tasks logged but not yet written into sled, at most; a commit past it waits for the materializer
 /// (up to `BEHIND_TIMEOUT`, then fails) so memory stays bounded.
 const MAX_PENDING_TASKS: usize = 100_000;
 const BEHIND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -342,7 +342,7 @@ impl Shared {
 
 impl SledStore {
     /// Makes everything written into sled durable (the policy catalog writes there directly).
-    pub(super) fn shared_sync_sled(&self) -> Result<(), StoreError> {
+    pub(super) fn sync_sled(&self) -> Result<(), StoreError> {
         self.shared.sync_sled()
     }
 
