@@ -74,18 +74,23 @@ fn from_wit(bucket: aging::sluice::policy::types::Bucket) -> Bucket {
 }
 
 /// The moves a policy answered: each index in range, once, to a more urgent bucket.
-pub fn promotions(waiting: &[View], answer: Vec<Promotion>) -> Result<Vec<(u32, Bucket)>, String> {
-    let mut seen = std::collections::BTreeSet::new();
-    let mut moves = Vec::with_capacity(answer.len());
+pub fn promotions(
+    waiting: &[View],
+    answer: impl IntoIterator<Item = Promotion>,
+) -> Result<Vec<(u32, Bucket)>, String> {
+    let answer = answer.into_iter();
+    let mut seen = Seen::new(waiting.len());
+    let mut moves = Vec::with_capacity(answer.size_hint().0);
     for promotion in answer {
-        let Some(task) = waiting.get(promotion.index as usize) else {
+        let index = promotion.index as usize;
+        let Some(task) = waiting.get(index) else {
             return Err(format!(
                 "promotion index {} is out of range ({} waiting)",
                 promotion.index,
                 waiting.len()
             ));
         };
-        if !seen.insert(promotion.index) {
+        if seen.insert(index) {
             return Err(format!("index {} is promoted twice", promotion.index));
         }
         let to = from_wit(promotion.to);
@@ -98,6 +103,36 @@ pub fn promotions(waiting: &[View], answer: Vec<Promotion>) -> Result<Vec<(u32, 
         moves.push((promotion.index, to));
     }
     Ok(moves)
+}
+
+/// Which indexes below a bound were seen: a word of bits for small batches (a single decision
+/// allocates nothing), a flag per index past that.
+enum Seen {
+    Bits(u64),
+    Flags(Vec<bool>),
+}
+
+impl Seen {
+    fn new(bound: usize) -> Seen {
+        if bound <= 64 {
+            Seen::Bits(0)
+        } else {
+            Seen::Flags(vec![false; bound])
+        }
+    }
+
+    /// Marks `index` (below the bound); true if it was already marked.
+    fn insert(&mut self, index: usize) -> bool {
+        match self {
+            Seen::Bits(bits) => {
+                let bit = 1u64 << index;
+                let was = *bits & bit != 0;
+                *bits |= bit;
+                was
+            }
+            Seen::Flags(flags) => std::mem::replace(&mut flags[index], true),
+        }
+    }
 }
 
 /// Unpacks one decision per failure: a delay within the bound, and dead where no retry can
@@ -275,6 +310,49 @@ mod tests {
         assert!(decisions(&permanent, &[dead]).is_ok());
         let spent = [failure(ErrorClass::Transient, 3)];
         assert!(decisions(&spent, &[retry(1)]).is_err());
+    }
+
+    #[test]
+    fn promotions_must_be_in_range_once_each_and_upward() {
+        use aging::sluice::policy::types::Bucket as Wit;
+        let view = |bucket| View {
+            seq: 0,
+            tenant: 0,
+            kind: 0,
+            bucket,
+            submitted_bucket: bucket,
+            created_ms: 0,
+            bucket_since_ms: 0,
+            attempt: 0,
+            est_exec_ms: 0,
+        };
+        let waiting = [view(Bucket::Low), view(Bucket::Normal)];
+        let to = |index, to| Promotion { index, to };
+        assert_eq!(
+            promotions(&waiting, vec![to(1, Wit::Urgent), to(0, Wit::Normal)]).unwrap(),
+            [(1, Bucket::Urgent), (0, Bucket::Normal)]
+        );
+        assert_eq!(promotions(&waiting, vec![]).unwrap(), []);
+        assert!(promotions(&waiting, vec![to(2, Wit::Urgent)]).is_err());
+        assert!(promotions(&waiting, vec![to(u32::MAX, Wit::Urgent)]).is_err());
+        assert!(promotions(&waiting, vec![to(0, Wit::Normal), to(0, Wit::Urgent)]).is_err());
+        assert!(
+            promotions(&waiting, vec![to(1, Wit::Normal)]).is_err(),
+            "not upward"
+        );
+        assert!(
+            promotions(&waiting, vec![to(1, Wit::Low)]).is_err(),
+            "downward"
+        );
+        assert!(promotions(&[], vec![to(0, Wit::Urgent)]).is_err());
+        // Past 64 waiting tasks the indexes are tracked another way; the same rules hold.
+        let many = vec![view(Bucket::Low); 100];
+        assert_eq!(
+            promotions(&many, vec![to(99, Wit::Normal)]).unwrap().len(),
+            1
+        );
+        assert!(promotions(&many, vec![to(80, Wit::Normal), to(80, Wit::Urgent)]).is_err());
+        assert!(promotions(&many, vec![to(100, Wit::Normal)]).is_err());
     }
 
     #[test]

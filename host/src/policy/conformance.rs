@@ -79,7 +79,7 @@ impl Conformance for AgingInstance {
                         to,
                     },
                 );
-            let one = checks::promotions(std::slice::from_ref(task), one.into_iter().collect())?;
+            let one = checks::promotions(std::slice::from_ref(task), one)?;
             let batch = moves
                 .iter()
                 .find(|(i, _)| *i as usize == index)

@@ -9,6 +9,7 @@ mod conformance;
 mod decider;
 pub mod defaults;
 mod instance;
+mod pool;
 mod registry;
 mod runtime;
 mod slot;

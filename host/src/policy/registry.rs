@@ -543,14 +543,7 @@ impl PolicyRegistry {
             return self.aging.decide(
                 now_ms,
                 |p| p.age_one(now_ms, words),
-                |to| {
-                    checks::promotions(
-                        waiting,
-                        to.map(|to| Promotion { index: 0, to })
-                            .into_iter()
-                            .collect(),
-                    )
-                },
+                |to| checks::promotions(waiting, to.map(|to| Promotion { index: 0, to })),
             );
         }
         let words = pack(waiting, VIEW_WORDS, View::write);
