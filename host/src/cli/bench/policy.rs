@@ -98,8 +98,13 @@ fn measure(decisions: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Compile and swap times, each the best of `REPEATS`; the first compile of all also pays for
+/// the compiler's own start-up (the server pays it once, and only when its code cache is cold).
 fn measure_compile_and_swap(runtime: &Arc<PolicyRuntime>) -> anyhow::Result<()> {
-    println!("{:<18} {:>10} {:>10}", "policy", "compile_ms", "swap_ms");
+    println!(
+        "{:<18} {:>16} {:>10} {:>10}",
+        "policy", "first_compile_ms", "compile_ms", "swap_ms"
+    );
     for (name, kind, bytes) in [
         (
             "priority-buckets",
@@ -110,19 +115,28 @@ fn measure_compile_and_swap(runtime: &Arc<PolicyRuntime>) -> anyhow::Result<()> 
         ("retry-backoff", Kind::Retry, defaults::RETRY_BACKOFF),
         ("merge-topk", Kind::Merge, defaults::MERGE_TOPK),
     ] {
-        let started = Instant::now();
-        let compiled = runtime.compile(kind, bytes)?;
-        let compile = started.elapsed();
-        // A swap is a fresh instance of the compiled component, initialised with its config.
-        let started = Instant::now();
-        match kind {
-            Kind::Priority => drop(PriorityInstance::new(runtime.clone(), &compiled, b"")?),
-            Kind::Aging => drop(AgingInstance::new(runtime.clone(), &compiled, b"")?),
-            Kind::Retry => drop(RetryInstance::new(runtime.clone(), &compiled, b"")?),
-            _ => drop(MergeInstance::new(runtime.clone(), &compiled, b"")?),
-        }
-        let swap = started.elapsed();
-        println!("{name:<18} {:>10.1} {:>10.3}", ms(compile), ms(swap));
+        let mut first_compile = None;
+        let (compile, swap) = best_of(|| {
+            let started = Instant::now();
+            let compiled = runtime.compile(kind, bytes)?;
+            let compile = started.elapsed();
+            first_compile.get_or_insert(compile);
+            // A swap is a fresh instance of the compiled component, initialised with its config.
+            let started = Instant::now();
+            match kind {
+                Kind::Priority => drop(PriorityInstance::new(runtime.clone(), &compiled, b"")?),
+                Kind::Aging => drop(AgingInstance::new(runtime.clone(), &compiled, b"")?),
+                Kind::Retry => drop(RetryInstance::new(runtime.clone(), &compiled, b"")?),
+                _ => drop(MergeInstance::new(runtime.clone(), &compiled, b"")?),
+            }
+            Ok((compile, started.elapsed()))
+        })?;
+        println!(
+            "{name:<18} {:>16.1} {:>10.1} {:>10.3}",
+            ms(first_compile.unwrap_or(compile)),
+            ms(compile),
+            ms(swap)
+        );
     }
     Ok(())
 }
