@@ -280,20 +280,24 @@ mod tests {
         assert!(merged(3, &parts, Err("no parts".into())).unwrap().is_err());
     }
 
+    fn view(bucket: Bucket, attempt: u32) -> View {
+        View {
+            seq: 0,
+            tenant: 0,
+            kind: 0,
+            bucket,
+            submitted_bucket: bucket,
+            created_ms: 0,
+            bucket_since_ms: 0,
+            attempt,
+            est_exec_ms: 0,
+        }
+    }
+
     #[test]
     fn a_retry_answer_must_respect_the_bound_and_the_classes() {
         let failure = |class, attempt| Failure {
-            task: View {
-                seq: 0,
-                tenant: 0,
-                kind: 0,
-                bucket: Bucket::Normal,
-                submitted_bucket: Bucket::Normal,
-                created_ms: 0,
-                bucket_since_ms: 0,
-                attempt,
-                est_exec_ms: 0,
-            },
+            task: view(Bucket::Normal, attempt),
             class,
             max_attempts: 3,
             random: 0,
@@ -315,18 +319,7 @@ mod tests {
     #[test]
     fn promotions_must_be_in_range_once_each_and_upward() {
         use aging::sluice::policy::types::Bucket as Wit;
-        let view = |bucket| View {
-            seq: 0,
-            tenant: 0,
-            kind: 0,
-            bucket,
-            submitted_bucket: bucket,
-            created_ms: 0,
-            bucket_since_ms: 0,
-            attempt: 0,
-            est_exec_ms: 0,
-        };
-        let waiting = [view(Bucket::Low), view(Bucket::Normal)];
+        let waiting = [view(Bucket::Low, 0), view(Bucket::Normal, 0)];
         let to = |index, to| Promotion { index, to };
         assert_eq!(
             promotions(&waiting, vec![to(1, Wit::Urgent), to(0, Wit::Normal)]).unwrap(),
@@ -346,7 +339,7 @@ mod tests {
         );
         assert!(promotions(&[], vec![to(0, Wit::Urgent)]).is_err());
         // Past 64 waiting tasks the indexes are tracked another way; the same rules hold.
-        let many = vec![view(Bucket::Low); 100];
+        let many = vec![view(Bucket::Low, 0); 100];
         assert_eq!(
             promotions(&many, vec![to(99, Wit::Normal)]).unwrap().len(),
             1
