@@ -24,7 +24,10 @@ pub(super) fn lock<T>(mutex: &std::sync::Mutex<T>) -> MutexGuard<'_, T> {
 /// Writes everything pending in place. Returns how many tasks and keys it wrote.
 pub(super) fn round(shared: &Shared) -> Result<usize, StoreError> {
     let mut floor = lock(&shared.rounds);
+    // The lock is let go before the sort: the writer's commits wait on it, and this thread runs
+    // at a low priority, so whatever it does under the lock may stretch.
     let round = lock(&shared.overlay).round();
+    let round = round.into_key_order();
     if round.through_commit <= *floor {
         return Ok(0);
     }

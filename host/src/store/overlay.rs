@@ -47,6 +47,17 @@ pub struct Round {
     pub worker_events: Vec<(u64, Arc<[u8]>)>,
 }
 
+impl Round {
+    /// Each kind in key order: sled then writes neighbouring keys one after another, rather
+    /// than a leaf here and a leaf there. (Blocks and worker events come from ordered maps.)
+    pub fn into_key_order(mut self) -> Round {
+        self.tasks.sort_unstable_by_key(|(id, _)| *id);
+        self.keys.sort_unstable();
+        self.payloads.sort_unstable_by_key(|(id, _)| *id);
+        self
+    }
+}
+
 impl Overlay {
     pub fn is_empty(&self) -> bool {
         self.tasks.is_empty()
@@ -114,10 +125,10 @@ impl Overlay {
         }
     }
 
-    /// Everything held, each kind in key order: sled then writes neighbouring keys one after
-    /// another, rather than a leaf here and a leaf there.
+    /// Everything held, as it is now. Taken under the overlay's lock, which the writer's
+    /// commits wait on, so it only copies: `Round::into_key_order` sorts, after the lock.
     pub fn round(&self) -> Round {
-        let mut round = Round {
+        Round {
             through_commit: self.last_commit,
             tasks: self
                 .tasks
@@ -144,11 +155,7 @@ impl Overlay {
                 .iter()
                 .map(|(seq, bytes)| (*seq, bytes.clone()))
                 .collect(),
-        };
-        round.tasks.sort_unstable_by_key(|(id, _)| *id);
-        round.keys.sort_unstable();
-        round.payloads.sort_unstable_by_key(|(id, _)| *id);
-        round
+        }
     }
 
     /// Forgets what `round` wrote in place; a task written again since keeps its newer record,
