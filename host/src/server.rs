@@ -81,6 +81,7 @@ impl Server {
                 aging_interval_ms: config.aging_interval_ms,
                 split_kinds: config.split_kinds.clone(),
                 metrics: metrics.tasks.clone(),
+                pipeline_metrics: metrics.pipeline.clone(),
                 ..SchedulerOptions::default()
             },
         )?;

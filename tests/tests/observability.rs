@@ -206,6 +206,8 @@ async fn metrics_parse_as_openmetrics_and_agree_with_a_scripted_load() {
         ("sluice_policy_active_version", &[("kind", "priority")], 0.0),
         ("sluice_policy_faults", &[("kind", "retry")], 0.0),
         ("sluice_illegal_transitions", &[], 0.0),
+        // Every claim above found work at once: one grant each.
+        ("sluice_claim_grant_seconds", &[], 25.0),
     ];
     let wrong: Vec<String> = expected
         .iter()
@@ -218,6 +220,13 @@ async fn metrics_parse_as_openmetrics_and_agree_with_a_scripted_load() {
         wrong.is_empty(),
         "metrics disagree with the load:\n{}",
         wrong.join("\n")
+    );
+    // The script waits for each answer before its next request, and an answer waits for a
+    // sync that covers its write: so no two submissions share one.
+    let syncs = value(&metrics, "sluice_store_sync_seconds", &[]);
+    assert!(
+        syncs >= 30.0,
+        "{syncs} syncs for 30 submissions made one at a time"
     );
     // Each failure went through the retry policy: one call per failure at least.
     assert!(

@@ -125,11 +125,16 @@ pub async fn claim(
         let notified = work_queued.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        let asked = Instant::now();
         let claimed = state.scheduler.claim(worker.clone(), request.max).await?;
         if let Some(reason) = &claimed.refused {
             return Ok(Json(refusal(reason)));
         }
         if !claimed.leases.is_empty() {
+            state
+                .metrics
+                .pipeline
+                .observe_claim_grant(asked.elapsed().as_secs_f64());
             let mut leases = Vec::with_capacity(claimed.leases.len());
             for task in claimed.leases {
                 leases.push(grant(&state, task)?);

@@ -3,6 +3,7 @@
 //! callers, so only this thread ever flushes.)
 
 use crate::store::{Store, StoreError};
+use crate::telemetry::PipelineMetrics;
 use std::sync::Arc;
 use std::sync::mpsc::Receiver;
 
@@ -12,7 +13,7 @@ pub(crate) type Delivery = Box<dyn FnOnce(Result<(), Arc<StoreError>>) + Send>;
 /// Deliveries answered by one sync at most; bounds the time the first one waits behind the rest.
 const MAX_GROUP: usize = 16_384;
 
-pub(crate) fn run(store: &dyn Store, inbox: Receiver<Delivery>) {
+pub(crate) fn run(store: &dyn Store, inbox: Receiver<Delivery>, metrics: &PipelineMetrics) {
     let mut group: Vec<Delivery> = Vec::new();
     while let Ok(first) = inbox.recv() {
         group.push(first);
@@ -23,7 +24,9 @@ pub(crate) fn run(store: &dyn Store, inbox: Receiver<Delivery>) {
             }
         }
         // Every write in `group` was committed before it was sent here, so this sync covers it.
+        let started = std::time::Instant::now();
         let outcome = store.sync().map_err(Arc::new);
+        metrics.observe_sync(started.elapsed().as_secs_f64());
         if let Err(error) = &outcome {
             tracing::error!(%error, "sync failed; answering the waiting requests with an error");
         }

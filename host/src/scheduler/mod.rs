@@ -102,6 +102,8 @@ pub struct SchedulerOptions {
     pub split_kinds: Vec<String>,
     /// Where committed changes are counted.
     pub metrics: Arc<crate::telemetry::TaskMetrics>,
+    /// Where each sync's time is recorded.
+    pub pipeline_metrics: Arc<crate::telemetry::PipelineMetrics>,
 }
 
 impl Default for SchedulerOptions {
@@ -113,6 +115,7 @@ impl Default for SchedulerOptions {
             aging_interval_ms: 1_000,
             split_kinds: vec!["vector.search".to_owned()],
             metrics: Arc::default(),
+            pipeline_metrics: Arc::default(),
         }
     }
 }
@@ -232,9 +235,10 @@ impl Scheduler {
         writer.durable_event_seq = Some(durable_tx);
         writer.admit_recovered(&unadmitted)?;
         let flusher_store = store.clone();
+        let sync_metrics = options.pipeline_metrics.clone();
         let flusher = std::thread::Builder::new()
             .name("sluice-flusher".into())
-            .spawn(move || flusher::run(flusher_store.as_ref(), flush_rx))?;
+            .spawn(move || flusher::run(flusher_store.as_ref(), flush_rx, &sync_metrics))?;
         let writer = std::thread::Builder::new()
             .name("sluice-writer".into())
             .spawn(move || writer.run(inbox))?;

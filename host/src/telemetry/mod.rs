@@ -7,12 +7,14 @@
 
 mod http;
 mod labels;
+mod pipeline;
 mod policy;
 mod state;
 mod tasks;
 
 pub use http::{HttpMetrics, track};
 pub use labels::{LabelBudget, OTHER, failure_reason};
+pub use pipeline::PipelineMetrics;
 pub use policy::{PolicyMetrics, VersionMetrics};
 pub use state::Present;
 pub use tasks::TaskMetrics;
@@ -33,6 +35,7 @@ pub struct Metrics {
     pub tasks: Arc<TaskMetrics>,
     pub policies: Arc<PolicyMetrics>,
     pub http: Arc<HttpMetrics>,
+    pub pipeline: Arc<PipelineMetrics>,
     state: state::StateGauges,
     registry: Registry,
     /// Scrapes take turns: each one clears and refills the state gauges.
@@ -44,16 +47,19 @@ impl Metrics {
         let tasks = Arc::new(TaskMetrics::default());
         let policies = Arc::new(PolicyMetrics::default());
         let http = Arc::new(HttpMetrics::default());
+        let pipeline = Arc::new(PipelineMetrics::default());
         let state = state::StateGauges::default();
         let mut registry = Registry::with_prefix("sluice");
         tasks.register(&mut registry);
         policies.register(&mut registry);
         http.register(&mut registry);
+        pipeline.register(&mut registry);
         state.register(&mut registry);
         Metrics {
             tasks,
             policies,
             http,
+            pipeline,
             state,
             registry,
             scrape: Mutex::new(()),

@@ -3,6 +3,7 @@
 //! claimed batch complete in one request; and the claim latency the workers see.
 
 use super::child::ChildServer;
+use super::server_histograms::{self as histograms, Buckets};
 use anyhow::{Context, bail};
 use sluice::client::Client;
 use sluice::model::{Gpu, Heartbeat};
@@ -55,6 +56,7 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
         .build()
         .context("HTTP client")?;
     let nonce = std::process::id();
+    let metrics_before = histograms::scrape(&http, &url).await?;
     let done = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
 
@@ -124,6 +126,22 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
         claim_us.len(),
         empty_claims
     );
+    let metrics_after = histograms::scrape(&http, &url).await?;
+    for (what, name) in [
+        (
+            "claims with work, at the server",
+            "sluice_claim_grant_seconds",
+        ),
+        ("group-commit syncs", "sluice_store_sync_seconds"),
+    ] {
+        let run =
+            Buckets::parse(&metrics_after, name).since(&Buckets::parse(&metrics_before, name));
+        println!(
+            "  {what}: {} over {} (bucket bounds, from /metrics)",
+            histograms::describe(&run),
+            run.count()
+        );
+    }
     drop(child);
     Ok(())
 }

@@ -4,6 +4,7 @@ mod child;
 mod e2e;
 mod policy;
 mod restart;
+mod server_histograms;
 mod submit;
 
 #[derive(clap::Subcommand)]
