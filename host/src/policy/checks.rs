@@ -282,15 +282,8 @@ mod tests {
 
     fn view(bucket: Bucket, attempt: u32) -> View {
         View {
-            seq: 0,
-            tenant: 0,
-            kind: 0,
-            bucket,
-            submitted_bucket: bucket,
-            created_ms: 0,
-            bucket_since_ms: 0,
             attempt,
-            est_exec_ms: 0,
+            ..View::in_bucket(0, bucket)
         }
     }
 

@@ -20,15 +20,13 @@ const HOUR_MS: u64 = 3_600_000;
 
 fn view(seq: u64, bucket: Bucket, since_ms: u64, attempt: u32) -> View {
     View {
-        seq,
         tenant: (seq % 3) as u32,
         kind: (seq % 2) as u32,
-        bucket,
-        submitted_bucket: bucket,
         created_ms: since_ms,
         bucket_since_ms: since_ms,
         attempt,
         est_exec_ms: 1 + (seq % 4) * 60_000,
+        ..View::in_bucket(seq, bucket)
     }
 }
 

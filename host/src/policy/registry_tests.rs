@@ -32,15 +32,8 @@ fn open(dir: &std::path::Path, options: RegistryOptions) -> (Arc<SledStore>, Pol
 
 fn meta(seq: u64, bucket: Bucket, est_exec_ms: u64) -> View {
     View {
-        seq,
-        tenant: 0,
-        kind: 0,
-        bucket,
-        submitted_bucket: bucket,
-        created_ms: 0,
-        bucket_since_ms: 0,
-        attempt: 0,
         est_exec_ms,
+        ..View::in_bucket(seq, bucket)
     }
 }
 
@@ -169,15 +162,9 @@ fn the_active_version_and_compiled_code_survive_a_restart() {
 fn failure(seq: u64) -> Failure {
     Failure {
         task: View {
-            seq,
-            tenant: 0,
-            kind: 0,
-            bucket: Bucket::Normal,
-            submitted_bucket: Bucket::Normal,
-            created_ms: 0,
-            bucket_since_ms: 0,
             attempt: 1,
             est_exec_ms: 1000,
+            ..View::in_bucket(seq, Bucket::Normal)
         },
         class: ErrorClass::Transient,
         max_attempts: 3,

@@ -44,15 +44,9 @@ fn every_default_compiles_for_its_kind_and_only_its_kind() {
 fn retry_failure(attempt: u32, class: ErrorClass, random: u64) -> Failure {
     Failure {
         task: View {
-            seq: 1,
-            tenant: 0,
-            kind: 0,
-            bucket: Bucket::Normal,
-            submitted_bucket: Bucket::Normal,
-            created_ms: 0,
-            bucket_since_ms: 0,
             attempt,
             est_exec_ms: 1000,
+            ..View::in_bucket(1, Bucket::Normal)
         },
         class,
         max_attempts: 3,
@@ -113,15 +107,11 @@ fn priority_aging_split_and_merge_defaults_answer_through_wasm() {
     let mut priority = PriorityInstance::new(runtime.clone(), &compiled, b"").unwrap();
     assert_eq!(priority.bucket_weights().unwrap(), [60, 35, 5]);
     let view = |seq, bucket, since, est_exec_ms| View {
-        seq,
         tenant: 1,
         kind: 2,
-        bucket,
-        submitted_bucket: bucket,
-        created_ms: 0,
         bucket_since_ms: since,
-        attempt: 0,
         est_exec_ms,
+        ..View::in_bucket(seq, bucket)
     };
     let mut tasks = Vec::new();
     view(42, Bucket::Low, 0, 30_000).write(&mut tasks);

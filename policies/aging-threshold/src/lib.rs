@@ -119,15 +119,9 @@ mod tests {
 
     fn view(bucket: Bucket, bucket_since_ms: u64) -> View {
         View {
-            seq: 0,
-            tenant: 0,
-            kind: 0,
-            bucket,
             submitted_bucket: Bucket::Low,
-            created_ms: 0,
             bucket_since_ms,
-            attempt: 0,
-            est_exec_ms: 0,
+            ..View::in_bucket(0, bucket)
         }
     }
 

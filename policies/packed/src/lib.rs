@@ -64,6 +64,23 @@ pub struct View {
 pub const VIEW_WORDS: usize = 6;
 
 impl View {
+    /// The `seq`-th task, submitted to `bucket` and waiting there since time 0, every other
+    /// field zero: a base for tests and simulations to set the fields they care about on
+    /// (`View { attempt: 2, ..View::in_bucket(1, Bucket::Normal) }`).
+    pub fn in_bucket(seq: u64, bucket: Bucket) -> View {
+        View {
+            seq,
+            tenant: 0,
+            kind: 0,
+            bucket,
+            submitted_bucket: bucket,
+            created_ms: 0,
+            bucket_since_ms: 0,
+            attempt: 0,
+            est_exec_ms: 0,
+        }
+    }
+
     pub fn array(&self) -> [u64; VIEW_WORDS] {
         [
             self.seq,

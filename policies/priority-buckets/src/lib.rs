@@ -127,15 +127,8 @@ mod tests {
 
     fn task(seq: u64, bucket: Bucket, est_exec_ms: u64) -> View {
         View {
-            seq,
-            tenant: 0,
-            kind: 0,
-            bucket,
-            submitted_bucket: bucket,
-            created_ms: 0,
-            bucket_since_ms: 0,
-            attempt: 0,
             est_exec_ms,
+            ..View::in_bucket(seq, bucket)
         }
     }
 

@@ -213,15 +213,12 @@ fn timed(mut body: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<Duratio
 
 fn view(seq: u64, bucket: Bucket, bucket_since_ms: u64) -> View {
     View {
-        seq,
         tenant: (seq % 7) as u32,
         kind: (seq % 3) as u32,
-        bucket,
-        submitted_bucket: bucket,
-        created_ms: 0,
         bucket_since_ms,
         attempt: 1,
         est_exec_ms: 1000 + seq,
+        ..View::in_bucket(seq, bucket)
     }
 }
 
