@@ -57,6 +57,20 @@ fn submit_get_list_events_cancel_from_the_shell() {
         "task", "list", "--server", url, "--state", "queued", "--limit", "5",
     ]));
     assert_eq!(listed["tasks"][0]["id"], json!(id));
+    // A reader that has gone away (`sluice task list | head -0`) ends the command quietly:
+    // no panic, no error, exit 0. The pipe's read end is closed before the command starts,
+    // so its first write fails.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let closed = Command::new(sluice_binary())
+        .args(["task", "list", "--server", url])
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .output()
+        .expect("run sluice");
+    let stderr = String::from_utf8_lossy(&closed.stderr);
+    assert!(closed.status.success(), "{:?}: {stderr}", closed.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
     let cancelled = stdout_json(&sluice(&["task", "cancel", "--server", url, id]));
     assert_eq!(cancelled["state"], "cancelled");
     let events = stdout_json(&sluice(&["task", "events", "--server", url, id]));

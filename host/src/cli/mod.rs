@@ -1,5 +1,9 @@
 //! Command-line parsing and dispatch; errors are reported here, once, with a non-zero exit.
 
+// First, so that every command module sees `outln!`.
+#[macro_use]
+mod output;
+
 mod bench;
 mod demo;
 mod logging;
@@ -85,6 +89,8 @@ pub fn main() -> ExitCode {
     });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
+        // Its reader has read all it wanted; as for any Unix filter, that ends the command.
+        Err(error) if output::is_closed_stdout(&error) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE

@@ -81,7 +81,7 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
         PolicyCommand::Rollback { server, kind } => client(&server)?.rollback_policy(&kind).await?,
         PolicyCommand::List { server, kind } => client(&server)?.policies(kind.as_deref()).await?,
     };
-    println!("{}", serde_json::to_string_pretty(&answer)?);
+    outln!("{}", serde_json::to_string_pretty(&answer)?)?;
     Ok(())
 }
 

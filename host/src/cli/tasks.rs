@@ -173,6 +173,6 @@ pub async fn run(command: TaskCommand) -> anyhow::Result<()> {
 }
 
 fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    outln!("{}", serde_json::to_string_pretty(value)?)?;
     Ok(())
 }

@@ -138,7 +138,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             run(client, config, executor, shutdown).await?
         }
     };
-    println!("worker {}: {}", args.id, stats.line());
+    outln!("worker {}: {}", args.id, stats.line())?;
     Ok(())
 }
 

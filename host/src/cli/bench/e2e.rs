@@ -104,28 +104,31 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             .get(((claim_us.len().max(1) - 1) as f64 * q).round() as usize)
             .map_or(f64::NAN, |&us| f64::from(us) / 1000.0)
     };
-    println!(
+    outln!(
         "end to end over HTTP at {url}: {} tasks, {} workers claiming up to {} each, {} submitters",
-        args.tasks, args.workers, args.claim_batch, args.submitters
-    );
+        args.tasks,
+        args.workers,
+        args.claim_batch,
+        args.submitters
+    )?;
     let what = if args.prefill {
         "claim → complete, after all were submitted"
     } else {
         "submit → claim → complete"
     };
-    println!(
+    outln!(
         "tasks/s {:.0} ({what}, all durable); all submitted after {:.2} s, all complete {:.2} s after the start",
         args.tasks as f64 / elapsed.as_secs_f64(),
         submitted_after.as_secs_f64(),
         elapsed.as_secs_f64()
-    );
-    println!(
+    )?;
+    outln!(
         "claim latency with work: p50 {:.2} ms, p99 {:.2} ms over {} claims ({} came back empty)",
         pct(0.50),
         pct(0.99),
         claim_us.len(),
         empty_claims
-    );
+    )?;
     let metrics_after = histograms::scrape(&http, &url).await?;
     for (what, name) in [
         (
@@ -136,11 +139,11 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     ] {
         let run =
             Buckets::parse(&metrics_after, name).since(&Buckets::parse(&metrics_before, name));
-        println!(
+        outln!(
             "  {what}: {} over {} (bucket bounds, from /metrics)",
             histograms::describe(&run),
             run.count()
-        );
+        )?;
     }
     drop(child);
     Ok(())

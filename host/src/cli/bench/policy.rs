@@ -45,66 +45,73 @@ pub async fn run(args: PolicyBenchArgs) -> anyhow::Result<()> {
 
 fn measure(decisions: usize) -> anyhow::Result<()> {
     let runtime = Arc::new(PolicyRuntime::new(RuntimeOptions::default())?);
-    println!("(each figure: the best of {REPEATS} runs)");
+    outln!("(each figure: the best of {REPEATS} runs)")?;
     measure_compile_and_swap(&runtime)?;
     let dir = tempfile::tempdir().context("a temporary directory")?;
     let store = Arc::new(SledStore::open(dir.path(), &SledOptions::default())?);
     let registry = PolicyRegistry::open(runtime, store, RegistryOptions::default())?;
     measure_registry(&registry)?;
 
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "{:<18} {:>6} {:>14} {:>14} {:>8}",
-        "policy", "batch", "wasm_ns/dec", "native_ns/dec", "ratio"
-    );
+        "policy",
+        "batch",
+        "wasm_ns/dec",
+        "native_ns/dec",
+        "ratio"
+    )?;
     for batch in BATCHES {
         // Rounds per run; the runs together make `decisions`.
         let rounds = (decisions / batch / REPEATS).max(1);
         let report = |name: &str, (wasm, native): (Duration, Duration)| {
             let per = |d: Duration| d.as_nanos() as f64 / (rounds * batch) as f64;
-            println!(
+            outln!(
                 "{name:<18} {batch:>6} {:>14.1} {:>14.1} {:>8.1}",
                 per(wasm),
                 per(native),
                 per(wasm) / per(native).max(0.001)
-            );
+            )
         };
         report(
             "retry-backoff",
             best_of(|| retry(&registry, batch, rounds))?,
-        );
+        )?;
         report(
             "priority-buckets",
             best_of(|| priority(&registry, batch, rounds))?,
-        );
+        )?;
         report(
             "aging-threshold",
             best_of(|| aging(&registry, batch, rounds))?,
-        );
+        )?;
         report(
             "merge-topk (hits)",
             best_of(|| merge(&registry, batch, rounds))?,
-        );
+        )?;
     }
     // One vector query's merge as the scheduler runs it: 16 shards' top-10, merged to 10.
     let rounds = (decisions / 160 / REPEATS).max(1);
     let (wasm, native) = best_of(|| merge_cost(&registry, 16, 10, 10, rounds))?;
     let per_query = |d: Duration| d.as_nanos() as f64 / rounds as f64 / 1000.0;
-    println!(
+    outln!(
         "merge of one query, 16 shards x 10 hits, k = 10: {:.2} us WASM, {:.2} us native",
         per_query(wasm),
         per_query(native)
-    );
+    )?;
     Ok(())
 }
 
 /// Compile and swap times, each the best of `REPEATS`; the first compile of all also pays for
 /// the compiler's own start-up (the server pays it once, and only when its code cache is cold).
 fn measure_compile_and_swap(runtime: &Arc<PolicyRuntime>) -> anyhow::Result<()> {
-    println!(
+    outln!(
         "{:<18} {:>16} {:>10} {:>10}",
-        "policy", "first_compile_ms", "compile_ms", "swap_ms"
-    );
+        "policy",
+        "first_compile_ms",
+        "compile_ms",
+        "swap_ms"
+    )?;
     for (name, kind, bytes) in [
         (
             "priority-buckets",
@@ -131,12 +138,12 @@ fn measure_compile_and_swap(runtime: &Arc<PolicyRuntime>) -> anyhow::Result<()> 
             }
             Ok((compile, started.elapsed()))
         })?;
-        println!(
+        outln!(
             "{name:<18} {:>16.1} {:>10.1} {:>10.3}",
             ms(first_compile.unwrap_or(compile)),
             ms(compile),
             ms(swap)
-        );
+        )?;
     }
     Ok(())
 }
@@ -158,13 +165,13 @@ fn measure_registry(registry: &PolicyRegistry) -> anyhow::Result<()> {
     let started = Instant::now();
     registry.rollback(Kind::Retry, 0)?;
     let rollback = started.elapsed();
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "registry (retry-backoff): upload {:.1} ms (validated, stored, synced; code cached), activate {:.2} ms, rollback {:.2} ms",
         ms(upload),
         ms(activate),
         ms(rollback),
-    );
+    )?;
 
     // What one decision costs at the wasmtime boundary alone, and through the registry.
     let failure = Failure {
@@ -193,11 +200,11 @@ fn measure_registry(registry: &PolicyRegistry) -> anyhow::Result<()> {
         })?;
         Ok((direct / rounds, through / rounds))
     })?;
-    println!(
+    outln!(
         "one retry decision: {} ns calling the instance (decide-one), {} ns through the registry",
         direct.as_nanos(),
         through.as_nanos()
-    );
+    )?;
     Ok(())
 }
 

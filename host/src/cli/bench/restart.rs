@@ -50,25 +50,25 @@ pub async fn run(args: RestartBenchArgs) -> anyhow::Result<()> {
             args.tasks
         );
     }
-    println!("tasks                {}", args.tasks);
-    println!(
+    outln!("tasks                {}", args.tasks)?;
+    outln!(
         "fill_s               {fill_s:.1} ({:.0} tasks/s, in process, batches of {FILL_BATCH})",
         args.tasks as f64 / fill_s
-    );
-    println!(
+    )?;
+    outln!(
         "disk_bytes           {disk_bytes} ({:.0} B per task)",
         disk_bytes as f64 / args.tasks as f64
-    );
-    println!(
+    )?;
+    outln!(
         "restart_to_ready_s   {:.2}",
         server.ready_after.as_secs_f64()
-    );
+    )?;
     if let Some(rss) = server.resident_bytes() {
-        println!(
+        outln!(
             "server_rss_mb        {:.0} ({:.0} B per stored task)",
             rss as f64 / 1e6,
             rss as f64 / args.tasks as f64
-        );
+        )?;
     }
     Ok(())
 }

@@ -43,14 +43,19 @@ pub async fn run(args: SubmitBenchArgs) -> anyhow::Result<()> {
             (child.url.clone(), Some(child))
         }
     };
-    println!(
+    outln!(
         "durable submissions over HTTP to {url}, {} s per run, {} B payloads",
-        args.duration_s, args.payload_bytes
-    );
-    println!(
+        args.duration_s,
+        args.payload_bytes
+    )?;
+    outln!(
         "{:>8} {:>14} {:>10} {:>10} {:>8}",
-        "clients", "submissions/s", "p50_ms", "p99_ms", "errors"
-    );
+        "clients",
+        "submissions/s",
+        "p50_ms",
+        "p99_ms",
+        "errors"
+    )?;
     let payload = Arc::new("x".repeat(args.payload_bytes));
     for (run, &clients) in args.clients.iter().enumerate() {
         let figures = one_run(
@@ -64,14 +69,14 @@ pub async fn run(args: SubmitBenchArgs) -> anyhow::Result<()> {
         let mut latencies = figures.latencies_us;
         latencies.sort_unstable();
         let rate = figures.acknowledged as f64 / figures.elapsed.as_secs_f64();
-        println!(
+        outln!(
             "{:>8} {:>14.0} {:>10.2} {:>10.2} {:>8}",
             clients,
             rate,
             percentile_ms(&latencies, 0.50),
             percentile_ms(&latencies, 0.99),
             figures.failed
-        );
+        )?;
     }
     drop(child);
     Ok(())

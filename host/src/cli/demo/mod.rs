@@ -68,7 +68,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         (None, Some(temp)) => temp.path().to_path_buf(),
         (None, None) => unreachable!("one of the two is set"),
     };
-    println!("Sluice demo: state in {}", data_dir.display());
+    outln!("Sluice demo: state in {}", data_dir.display())?;
 
     let vectors = clustered(VECTOR_ROWS, VECTOR_DIM, 48, args.seed);
     let mut config = ServeConfig {
@@ -98,7 +98,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let serving = tokio::spawn(server.run(listener, async move {
         let _ = server_stopped.await;
     }));
-    println!("API on {url}\n");
+    outln!("API on {url}\n")?;
 
     let client = Client::with_pool(&url, 64)?;
     let (stop_workers, stopping) = watch::channel(false);
@@ -163,15 +163,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     let submitted = submitting.await??;
     let report = summary::Report::gather(&client, submitted, &vectors, elapsed).await?;
-    report.print(&url);
+    // Printed before the workers and the server stop; a failure to print is reported after.
+    let printed = report.print(&url);
 
     let _ = stop_workers.send(true);
     while workers.join_next().await.is_some() {}
     let _ = stop_server.send(());
     serving.await??;
+    printed?;
     match temporary {
         Some(temp) => drop(temp),
-        None => println!("\nState kept in {}", data_dir.display()),
+        None => outln!("\nState kept in {}", data_dir.display())?,
     }
     Ok(())
 }

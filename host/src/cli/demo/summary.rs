@@ -27,15 +27,20 @@ pub async fn watch_until_done(
     submitting: &tokio::task::JoinHandle<anyhow::Result<Vec<Submitted>>>,
     started: Instant,
 ) -> anyhow::Result<()> {
-    println!(
+    outln!(
         "{:>6}  {:>22}  {:>7}  {:>5}  {:>11}  {:>7}",
-        "time", "queued urgent/norm/low", "running", "split", "ended", "backoff"
-    );
+        "time",
+        "queued urgent/norm/low",
+        "running",
+        "split",
+        "ended",
+        "backoff"
+    )?;
     loop {
         let stats = client.stats().await?;
         let queued = &stats["queued_by_bucket"];
         let ended: u64 = TERMINAL.iter().map(|s| count(&stats, s)).sum();
-        println!(
+        outln!(
             "{:>5.1}s  {:>22}  {:>7}  {:>5}  {:>11}  {:>7}",
             started.elapsed().as_secs_f64(),
             format!(
@@ -48,7 +53,7 @@ pub async fn watch_until_done(
             count(&stats, "split"),
             format!("{ended}/{expected}"),
             count(&stats, "retry_wait"),
-        );
+        )?;
         if ended >= expected && submitting.is_finished() {
             return Ok(());
         }
@@ -178,33 +183,34 @@ impl Report {
         }
     }
 
-    pub fn print(&self, url: &str) {
-        println!("\n== Summary ({:.1} s) ==", self.elapsed.as_secs_f64());
+    pub fn print(&self, url: &str) -> std::io::Result<()> {
+        outln!("\n== Summary ({:.1} s) ==", self.elapsed.as_secs_f64())?;
         let states: Vec<String> = self
             .by_state
             .iter()
             .map(|(state, n)| format!("{state} {n}"))
             .collect();
-        println!("tasks submitted: {}", states.join(", "));
-        println!(
+        outln!("tasks submitted: {}", states.join(", "))?;
+        outln!(
             "retries: {} (backoff with jitter); circuit breakers opened: {}",
-            self.retries, self.breaker_opens
-        );
-        println!(
+            self.retries,
+            self.breaker_opens
+        )?;
+        outln!(
             "promotions by aging: {} (this demo ages low → normal after 8 s, normal → urgent after 12 s)",
             self.promotions
-        );
-        println!("wait from submit to claim, OCT exams, by submitted priority:");
+        )?;
+        outln!("wait from submit to claim, OCT exams, by submitted priority:")?;
         for priority in Priority::ALL {
             let mut waits = self.waits_ms.get(&priority).cloned().unwrap_or_default();
             match percentiles(&mut waits) {
-                Some((p50, p99)) => println!(
+                Some((p50, p99)) => outln!(
                     "  {:<7} p50 {p50:>6} ms   p99 {p99:>6} ms   ({} tasks)",
                     priority.as_str(),
                     waits.len()
                 ),
-                None => println!("  {:<7} no tasks", priority.as_str()),
-            }
+                None => outln!("  {:<7} no tasks", priority.as_str()),
+            }?;
         }
         let recall = if self.recall_total == 0 {
             0.0
@@ -213,19 +219,20 @@ impl Report {
         };
         let mut latency = self.search_latency_ms.clone();
         let (p50, p99) = percentiles(&mut latency).unwrap_or((0, 0));
-        println!(
+        outln!(
             "vector searches: {} split into shards and merged; recall@{SEARCH_K} against exact search {recall:.3}; \
              {} partial; latency p50 {p50} ms, p99 {p99} ms",
-            self.searches, self.partial
-        );
-        println!("\nWhere to look next:");
-        println!("  curl {url}/v1/stats                  counts by state and bucket");
-        println!("  curl {url}/v1/workers                workers, health, breakers");
-        println!("  curl '{url}/v1/tasks?state=dead'     what gave up, and why");
-        println!("  curl {url}/v1/policies               active policy versions");
-        println!(
+            self.searches,
+            self.partial
+        )?;
+        outln!("\nWhere to look next:")?;
+        outln!("  curl {url}/v1/stats                  counts by state and bucket")?;
+        outln!("  curl {url}/v1/workers                workers, health, breakers")?;
+        outln!("  curl '{url}/v1/tasks?state=dead'     what gave up, and why")?;
+        outln!("  curl {url}/v1/policies               active policy versions")?;
+        outln!(
             "  sluice policy upload merge --builtin merge-threshold --config max_distance=40   swap the merge live"
-        );
-        println!("  (this server stops with the demo; `sluice serve` runs one that stays)");
+        )?;
+        outln!("  (this server stops with the demo; `sluice serve` runs one that stays)")
     }
 }
