@@ -75,9 +75,13 @@ pub(super) fn round(shared: &Shared) -> Result<usize, StoreError> {
         + round.payloads.len()
         + round.blocks.len()
         + round.worker_events.len();
+    // Slice by slice, letting go of the lock between: see `SETTLE_SLICE`.
+    for slice in 0..round.slices() {
+        lock(&shared.overlay).settle_slice(&round, slice);
+    }
     {
         let mut overlay = lock(&shared.overlay);
-        overlay.settle(&round);
+        overlay.settled();
         shared.settled.notify_all();
     }
     shared.wal.release(round.through_commit)?;
