@@ -25,8 +25,7 @@ pub(super) fn list(shared: &Shared, query: &ListQuery) -> Result<ListPage, Store
     // For each task the overlay holds past `after`: its record when it is in the state asked
     // for, or nothing (so that the tree's stale entry is skipped too).
     let mut pending: Vec<Held> = lock(&shared.overlay)
-        .tasks
-        .iter()
+        .tasks()
         .filter(|(id, _)| query.after.is_none_or(|after| **id > after))
         .map(|(id, held)| {
             let wanted = query.state.is_none_or(|state| state == held.state);

@@ -24,17 +24,23 @@ pub(super) fn lock<T>(mutex: &std::sync::Mutex<T>) -> MutexGuard<'_, T> {
 /// Writes everything pending in place. Returns how many tasks and keys it wrote.
 pub(super) fn round(shared: &Shared) -> Result<usize, StoreError> {
     let mut floor = lock(&shared.rounds);
-    // The lock is let go before the sort: the writer's commits wait on it, and this thread runs
-    // at a low priority, so whatever it does under the lock may stretch.
-    let round = lock(&shared.overlay).round();
-    let round = round.into_key_order();
+    let round = lock(&shared.overlay).take_round();
     if round.through_commit <= *floor {
         return Ok(0);
     }
+    let writes = &*round.writes;
+    // Each kind in key order: sled then writes neighbouring keys one after another, rather
+    // than a leaf here and a leaf there. (Blocks and worker events are in order already.)
+    let mut tasks: Vec<_> = writes.tasks.iter().collect();
+    tasks.sort_unstable_by_key(|(id, _)| **id);
+    let mut idempotency: Vec<_> = writes.keys.iter().collect();
+    idempotency.sort_unstable();
+    let mut payloads: Vec<_> = writes.payloads.iter().collect();
+    payloads.sort_unstable_by_key(|(id, _)| **id);
     // One key at a time: `apply_batch` would hold sled's global write lock for the whole batch,
     // stalling every reader (measured: claim p99 from 40 to 115 ms), and was no faster.
     let tree = &shared.tree;
-    for (id, pending) in &round.tasks {
+    for (id, pending) in tasks {
         for stale in states_in(pending.stale_index).filter(|&s| s != pending.state) {
             tree.remove(keys::state(stale, *id))?;
         }
@@ -53,16 +59,16 @@ pub(super) fn round(shared: &Shared) -> Result<usize, StoreError> {
             CallbackMark::Keep => {}
         }
     }
-    for (key, record) in &round.keys {
+    for (key, record) in idempotency {
         tree.insert(keys::idempotency(key), &record[..])?;
     }
-    for (id, payload) in &round.payloads {
+    for (id, payload) in payloads {
         tree.insert(keys::payload(*id), &payload[..])?;
     }
-    for (seq, block) in &round.blocks {
+    for (seq, block) in &writes.blocks {
         tree.insert(keys::block(*seq), &block[..])?;
     }
-    for (seq, event) in &round.worker_events {
+    for (seq, event) in &writes.worker_events {
         tree.insert(keys::worker_event(*seq), &event[..])?;
     }
     // The floor names the last commit in sled; replay skips the commits under it, so the
@@ -70,21 +76,15 @@ pub(super) fn round(shared: &Shared) -> Result<usize, StoreError> {
     tree.insert(keys::WAL_FLOOR, &round.through_commit.to_be_bytes()[..])?;
     shared.sync_sled()?;
     *floor = round.through_commit;
-    let written = round.tasks.len()
-        + round.keys.len()
-        + round.payloads.len()
-        + round.blocks.len()
-        + round.worker_events.len();
-    // Slice by slice, letting go of the lock between: see `SETTLE_SLICE`.
-    for slice in 0..round.slices() {
-        lock(&shared.overlay).settle_slice(&round, slice);
-    }
+    let written = writes.len();
     {
         let mut overlay = lock(&shared.overlay);
-        overlay.settled();
+        overlay.settle(&round);
         shared.settled.notify_all();
     }
-    shared.wal.release(round.through_commit)?;
+    // The generation is freed here, with the lock let go.
+    drop(round);
+    shared.wal.release(*floor)?;
     Ok(written)
 }
 
@@ -111,6 +111,10 @@ fn wait_for_work(shared: &Shared) -> bool {
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return true;
+        }
+        // A round that failed is written again (after its pause) whether or not more came.
+        if overlay.round_due() {
+            return false;
         }
         let waited = overlay.pending_since.map(|since| since.elapsed());
         overlay = match waited {

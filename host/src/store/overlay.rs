@@ -2,8 +2,14 @@
 //! record and the index entries that still point at an older state, new idempotency keys, large
 //! payloads, event blocks and worker log entries. Readers look here first; the materializer
 //! drains it.
+//!
+//! It holds two generations: the one commits go into, and the one a materializer round is
+//! writing into sled. A round takes the first whole and leaves an empty one in its place, and
+//! forgets it whole once sled has it, so the overlay's lock (which every commit and reader
+//! waits on) is never held for work that grows with the number of tasks. Readers look in the
+//! newer generation, then the older.
 
-use super::wal::{CallbackMark, Entry, PendingKey, state_bit};
+use super::wal::{CallbackMark, Entry, state_bit};
 use crate::model::{State, TaskId};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -18,12 +24,11 @@ pub struct Pending {
     /// States whose index entry for this task may be in the tree: the one materialized last,
     /// or after a crash every state the replayed log touched.
     pub stale_index: u16,
-    /// The commit that last wrote this task.
-    pub commit: u64,
 }
 
-#[derive(Default)]
-pub struct Overlay {
+/// One generation of pending writes.
+#[derive(Debug, Default)]
+pub struct Generation {
     pub tasks: HashMap<TaskId, Pending>,
     pub keys: HashMap<String, [u8; 48]>,
     pub payloads: HashMap<TaskId, Arc<[u8]>>,
@@ -31,66 +36,11 @@ pub struct Overlay {
     pub blocks: BTreeMap<u64, Arc<[u8]>>,
     /// Worker log entries by `seq`.
     pub worker_events: BTreeMap<u64, Arc<[u8]>>,
-    /// The last commit whose writes are all here.
-    pub last_commit: u64,
-    /// When the oldest write still here arrived (about: a round resets it).
-    pub pending_since: Option<Instant>,
 }
 
-/// What one materializer round writes in place: the overlay as it was when the round began.
-pub struct Round {
-    pub through_commit: u64,
-    pub tasks: Vec<(TaskId, Pending)>,
-    pub keys: Vec<PendingKey>,
-    pub payloads: Vec<(TaskId, Arc<[u8]>)>,
-    pub blocks: Vec<(u64, Arc<[u8]>)>,
-    pub worker_events: Vec<(u64, Arc<[u8]>)>,
-}
-
-/// Entries of each kind a round settles per hold of the overlay lock: the writer's commits and
-/// every reader wait on that lock, and settling a round of 8,000 tasks at once held it for
-/// 3.5-5.9 ms (measured during `sluice bench e2e`, the materializer running at nice 10).
-pub const SETTLE_SLICE: usize = 512;
-
-/// Slice `slice` of `items`, empty past their end.
-fn part<T>(items: &[T], slice: usize) -> &[T] {
-    let start = slice.saturating_mul(SETTLE_SLICE).min(items.len());
-    &items[start..(start + SETTLE_SLICE).min(items.len())]
-}
-
-impl Round {
-    /// How many slices settling this round takes.
-    pub fn slices(&self) -> usize {
-        [
-            self.tasks.len(),
-            self.keys.len(),
-            self.payloads.len(),
-            self.blocks.len(),
-            self.worker_events.len(),
-        ]
-        .into_iter()
-        .max()
-        .unwrap_or(0)
-        .div_ceil(SETTLE_SLICE)
-    }
-
-    /// Each kind in key order: sled then writes neighbouring keys one after another, rather
-    /// than a leaf here and a leaf there. (Blocks and worker events come from ordered maps.)
-    pub fn into_key_order(mut self) -> Round {
-        self.tasks.sort_unstable_by_key(|(id, _)| *id);
-        self.keys.sort_unstable();
-        self.payloads.sort_unstable_by_key(|(id, _)| *id);
-        self
-    }
-}
-
-impl Overlay {
+impl Generation {
     pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty()
-            && self.keys.is_empty()
-            && self.payloads.is_empty()
-            && self.blocks.is_empty()
-            && self.worker_events.is_empty()
+        self.len() == 0
     }
 
     /// Records, keys, payloads and log entries held.
@@ -101,9 +51,114 @@ impl Overlay {
             + self.blocks.len()
             + self.worker_events.len()
     }
+}
+
+#[derive(Default)]
+pub struct Overlay {
+    /// Where commits go.
+    current: Generation,
+    /// What the round under way is writing into sled (empty when none is): still read, after
+    /// `current`, until the round settles. A round that failed leaves it here to be retried.
+    writing: Arc<Generation>,
+    /// The last commit in `writing`.
+    writing_through: u64,
+    /// The last commit held.
+    last_commit: u64,
+    /// When the oldest write in `current` arrived.
+    pub pending_since: Option<Instant>,
+}
+
+/// What one materializer round writes in place: a generation, taken whole.
+pub struct Round {
+    pub through_commit: u64,
+    pub writes: Arc<Generation>,
+}
+
+impl Overlay {
+    /// Records, keys, payloads and log entries in the generation commits go into.
+    pub fn len(&self) -> usize {
+        self.current.len()
+    }
+
+    /// Tasks held in both generations (one that is in both counts twice): what a bound on
+    /// pending work counts.
+    pub fn task_count(&self) -> usize {
+        self.current.tasks.len() + self.writing.tasks.len()
+    }
+
+    /// Whether the generation of a round that failed waits to be written again (asked between
+    /// rounds, by the materializer).
+    pub fn round_due(&self) -> bool {
+        !self.writing.is_empty()
+    }
+
+    pub fn task(&self, id: &TaskId) -> Option<&Pending> {
+        self.current
+            .tasks
+            .get(id)
+            .or_else(|| self.writing.tasks.get(id))
+    }
+
+    pub fn key(&self, key: &str) -> Option<&[u8; 48]> {
+        self.current
+            .keys
+            .get(key)
+            .or_else(|| self.writing.keys.get(key))
+    }
+
+    pub fn payload(&self, id: &TaskId) -> Option<&Arc<[u8]>> {
+        self.current
+            .payloads
+            .get(id)
+            .or_else(|| self.writing.payloads.get(id))
+    }
+
+    /// Every task held, the newer generation's entry where both hold one.
+    pub fn tasks(&self) -> impl Iterator<Item = (&TaskId, &Pending)> {
+        let older = self
+            .writing
+            .tasks
+            .iter()
+            .filter(|(id, _)| !self.current.tasks.contains_key(id));
+        self.current.tasks.iter().chain(older)
+    }
+
+    /// The block holding event `seq` (the last starting at or before it), if held here.
+    /// Every block of `writing` comes before every block of `current`: commits number them
+    /// in order, and a round takes all of `current`.
+    pub fn block_holding(&self, seq: u64) -> Option<&Arc<[u8]>> {
+        self.current
+            .blocks
+            .range(..=seq)
+            .next_back()
+            .or_else(|| self.writing.blocks.range(..=seq).next_back())
+            .map(|(_, bytes)| bytes)
+    }
+
+    /// The blocks starting after `seq`, in order.
+    pub fn blocks_after(&self, seq: u64) -> impl Iterator<Item = &Arc<[u8]>> {
+        let after = seq.saturating_add(1)..;
+        self.writing
+            .blocks
+            .range(after.clone())
+            .chain(self.current.blocks.range(after))
+            .map(|(_, bytes)| bytes)
+    }
+
+    /// Worker log entries from `first` on, in order.
+    pub fn worker_events_from(&self, first: u64) -> impl Iterator<Item = (&u64, &Arc<[u8]>)> {
+        self.writing
+            .worker_events
+            .range(first..)
+            .chain(self.current.worker_events.range(first..))
+    }
 
     /// Takes in commit `commit`. `replayed` says it comes from the log after a crash, when any
     /// state it touched may have been written in place already.
+    ///
+    /// A task the round under way is writing is entered afresh: its index entries to remove
+    /// are then those of the state before this commit, which is the state that round leaves
+    /// in sled (rounds run one after another).
     pub fn absorb(&mut self, commit: u64, entry: Entry, replayed: bool) {
         for write in entry.writes {
             let mut stale = write.previous.map_or(0, state_bit);
@@ -116,9 +171,8 @@ impl Overlay {
                 index_value: write.index_value,
                 record: write.record,
                 stale_index: stale,
-                commit,
             };
-            match self.tasks.entry(write.id) {
+            match self.current.tasks.entry(write.id) {
                 std::collections::hash_map::Entry::Occupied(mut entry) => {
                     let held = entry.get_mut();
                     let stale_index = if replayed {
@@ -141,104 +195,44 @@ impl Overlay {
                 }
             }
         }
-        self.keys.extend(entry.keys);
-        self.payloads.extend(entry.payloads);
-        self.blocks.extend(entry.blocks);
-        self.worker_events.extend(entry.worker_events);
+        self.current.keys.extend(entry.keys);
+        self.current.payloads.extend(entry.payloads);
+        self.current.blocks.extend(entry.blocks);
+        self.current.worker_events.extend(entry.worker_events);
         self.last_commit = self.last_commit.max(commit);
-        if self.pending_since.is_none() && !self.is_empty() {
+        if self.pending_since.is_none() && !self.current.is_empty() {
             self.pending_since = Some(Instant::now());
         }
     }
 
-    /// Everything held, as it is now. Taken under the overlay's lock, which the writer's
-    /// commits wait on, so it only copies: `Round::into_key_order` sorts, after the lock.
-    pub fn round(&self) -> Round {
+    /// The next round: the generation of a round that failed, to be written again, or else
+    /// everything committed since the last round, taken whole (an empty generation takes
+    /// its place).
+    pub fn take_round(&mut self) -> Round {
+        if self.writing.is_empty() {
+            self.writing = Arc::new(std::mem::take(&mut self.current));
+            self.writing_through = self.last_commit;
+            self.pending_since = None;
+        }
         Round {
-            through_commit: self.last_commit,
-            tasks: self
-                .tasks
-                .iter()
-                .map(|(id, pending)| (*id, pending.clone()))
-                .collect(),
-            keys: self
-                .keys
-                .iter()
-                .map(|(key, record)| (key.clone(), *record))
-                .collect(),
-            payloads: self
-                .payloads
-                .iter()
-                .map(|(id, bytes)| (*id, bytes.clone()))
-                .collect(),
-            blocks: self
-                .blocks
-                .iter()
-                .map(|(seq, bytes)| (*seq, bytes.clone()))
-                .collect(),
-            worker_events: self
-                .worker_events
-                .iter()
-                .map(|(seq, bytes)| (*seq, bytes.clone()))
-                .collect(),
+            through_commit: self.writing_through,
+            writes: self.writing.clone(),
         }
     }
 
-    /// Forgets what `round` wrote in place; a task written again since keeps its newer record,
-    /// now over an index entry in the state the round wrote. (The materializer settles slice
-    /// by slice instead, to let go of the lock between.)
-    #[cfg(test)]
+    /// Forgets `round`, which sled now holds. Its generation is freed by whoever drops the
+    /// last handle on it: the materializer, after letting go of the lock.
     pub fn settle(&mut self, round: &Round) {
-        for slice in 0..round.slices() {
-            self.settle_slice(round, slice);
+        if Arc::ptr_eq(&self.writing, &round.writes) {
+            self.writing = Arc::default();
         }
-        self.settled();
-    }
-
-    /// Settles slice `slice` of `round` (see `SETTLE_SLICE`). Slices may be settled with
-    /// commits absorbed between them: what a slice forgets is in sled already, and a task
-    /// written again before its slice is kept, as `settle` keeps it.
-    pub fn settle_slice(&mut self, round: &Round, slice: usize) {
-        for (id, written) in part(&round.tasks, slice) {
-            if let Some(held) = self.tasks.get_mut(id) {
-                if held.commit == written.commit {
-                    self.tasks.remove(id);
-                } else {
-                    held.stale_index = state_bit(written.state);
-                    if held.callback == written.callback {
-                        held.callback = CallbackMark::Keep;
-                    }
-                }
-            }
-        }
-        for (key, _) in part(&round.keys, slice) {
-            self.keys.remove(key);
-        }
-        for (id, _) in part(&round.payloads, slice) {
-            self.payloads.remove(id);
-        }
-        for (seq, _) in part(&round.blocks, slice) {
-            self.blocks.remove(seq);
-        }
-        for (seq, _) in part(&round.worker_events, slice) {
-            self.worker_events.remove(seq);
-        }
-    }
-
-    /// After a round's last slice: restarts the clock of what is still held.
-    pub fn settled(&mut self) {
-        self.pending_since = if self.is_empty() {
-            None
-        } else {
-            Some(Instant::now())
-        };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::wal::PendingWrite;
+    use crate::store::wal::{PendingKey, PendingWrite};
 
     fn entry(writes: Vec<PendingWrite>, keys: Vec<PendingKey>) -> Entry {
         Entry {
@@ -260,10 +254,14 @@ mod tests {
         }
     }
 
+    fn held(overlay: &Overlay, id: u128) -> (&[u8], State, u16) {
+        let task = overlay.task(&TaskId::from_u128(id)).expect("held");
+        (&task.record[..], task.state, task.stale_index)
+    }
+
     #[test]
-    fn a_round_settles_what_it_wrote_and_keeps_what_changed_since() {
+    fn a_round_takes_what_was_committed_and_reads_see_it_until_it_settles() {
         let mut overlay = Overlay::default();
-        let (a, b) = (TaskId::from_u128(1), TaskId::from_u128(2));
         overlay.absorb(
             1,
             entry(
@@ -271,12 +269,16 @@ mod tests {
                     write(1, None, State::Queued, "a1"),
                     write(2, Some(State::Queued), State::Claimed, "b1"),
                 ],
-                vec![("k".into(), [0; 48])],
+                vec![("k".into(), [7; 48])],
             ),
             false,
         );
-        let round = overlay.round();
+        let round = overlay.take_round();
         assert_eq!(round.through_commit, 1);
+        assert_eq!(round.writes.tasks.len(), 2);
+        assert_eq!(overlay.len(), 0);
+        assert!(overlay.pending_since.is_none());
+        // While the round writes, commit 2 moves `b` on.
         overlay.absorb(
             2,
             entry(
@@ -285,61 +287,69 @@ mod tests {
             ),
             false,
         );
-        // `b` keeps the index entry it had before commit 1 until a round writes it.
-        assert_eq!(overlay.tasks[&b].stale_index, state_bit(State::Queued));
+        assert!(overlay.pending_since.is_some());
+        assert_eq!(held(&overlay, 1), (&b"a1"[..], State::Queued, 0));
+        // The round leaves `b` claimed in sled; that index entry is the one to remove next.
+        let claimed = state_bit(State::Claimed);
+        assert_eq!(held(&overlay, 2), (&b"b2"[..], State::Completed, claimed));
+        assert_eq!(overlay.key("k"), Some(&[7; 48]));
+        assert_eq!(overlay.tasks().count(), 2);
+        assert_eq!(overlay.task_count(), 3);
+
         overlay.settle(&round);
-        assert!(!overlay.tasks.contains_key(&a));
-        assert!(overlay.keys.is_empty());
-        let held = &overlay.tasks[&b];
-        assert_eq!(
-            (&held.record[..], held.state),
-            (&b"b2"[..], State::Completed)
-        );
-        assert_eq!(held.stale_index, state_bit(State::Claimed));
+        assert!(overlay.task(&TaskId::from_u128(1)).is_none());
+        assert_eq!(overlay.key("k"), None);
+        assert_eq!(held(&overlay, 2), (&b"b2"[..], State::Completed, claimed));
+        let next = overlay.take_round();
+        assert_eq!(next.through_commit, 2);
+        assert_eq!(next.writes.tasks.len(), 1);
     }
 
     #[test]
-    fn settling_slice_by_slice_with_commits_between_keeps_exactly_what_changed_since() {
+    fn a_round_that_failed_is_taken_again_before_anything_newer() {
         let mut overlay = Overlay::default();
-        let n = SETTLE_SLICE as u128 + 10;
-        let writes = (0..n)
-            .map(|id| write(id, None, State::Queued, "first"))
-            .collect();
-        let keys = (0..n).map(|id| (format!("key-{id}"), [0; 48])).collect();
-        overlay.absorb(1, entry(writes, keys), false);
-        let round = overlay.round().into_key_order();
-        assert_eq!(round.slices(), 2);
-        overlay.settle_slice(&round, 0);
-        // Between the slices the writer commits: task 0 (settled already) and the last task
-        // (not yet) are claimed.
-        let last = n - 1;
         overlay.absorb(
-            2,
-            entry(
-                vec![
-                    write(0, Some(State::Queued), State::Claimed, "again"),
-                    write(last, Some(State::Queued), State::Claimed, "again"),
-                ],
-                vec![],
-            ),
+            1,
+            entry(vec![write(1, None, State::Queued, "a")], vec![]),
             false,
         );
-        overlay.settle_slice(&round, 1);
-        overlay.settled();
-        let mut held: Vec<u128> = overlay.tasks.keys().map(|id| id.as_u128()).collect();
-        held.sort_unstable();
-        assert_eq!(held, [0, last]);
-        assert!(overlay.keys.is_empty());
-        for id in [0, last] {
-            let task = &overlay.tasks[&TaskId::from_u128(id)];
-            assert_eq!(
-                (&task.record[..], task.state),
-                (&b"again"[..], State::Claimed)
-            );
-            // Either way the tree now holds the queued index entry the round wrote.
-            assert_eq!(task.stale_index, state_bit(State::Queued), "task {id}");
-        }
-        assert!(overlay.pending_since.is_some());
+        let failed = overlay.take_round();
+        overlay.absorb(
+            2,
+            entry(vec![write(2, None, State::Queued, "b")], vec![]),
+            false,
+        );
+        assert!(overlay.round_due());
+        let again = overlay.take_round();
+        assert!(Arc::ptr_eq(&failed.writes, &again.writes));
+        assert_eq!(again.through_commit, 1);
+        overlay.settle(&again);
+        assert!(!overlay.round_due());
+        let next = overlay.take_round();
+        assert_eq!(next.through_commit, 2);
+        assert!(next.writes.tasks.contains_key(&TaskId::from_u128(2)));
+    }
+
+    #[test]
+    fn blocks_and_worker_events_read_in_order_across_both_generations() {
+        let mut overlay = Overlay::default();
+        let block = |seq: u64| (seq, Arc::<[u8]>::from(seq.to_string().as_bytes()));
+        let logged = |seqs: &[u64]| Entry {
+            blocks: seqs.iter().map(|&s| block(s)).collect(),
+            worker_events: seqs.iter().map(|&s| block(s)).collect(),
+            ..Entry::default()
+        };
+        overlay.absorb(1, logged(&[1, 4]), false);
+        let _round = overlay.take_round();
+        overlay.absorb(2, logged(&[7, 9]), false);
+        let text = |bytes: &Arc<[u8]>| String::from_utf8(bytes.to_vec()).unwrap();
+        assert_eq!(overlay.block_holding(5).map(text).as_deref(), Some("4"));
+        assert_eq!(overlay.block_holding(8).map(text).as_deref(), Some("7"));
+        assert_eq!(overlay.block_holding(0), None);
+        let after: Vec<String> = overlay.blocks_after(3).map(text).collect();
+        assert_eq!(after, ["4", "7", "9"]);
+        let from: Vec<u64> = overlay.worker_events_from(4).map(|(seq, _)| *seq).collect();
+        assert_eq!(from, [4, 7, 9]);
     }
 
     #[test]
@@ -361,11 +371,11 @@ mod tests {
             ),
             true,
         );
-        let held = &overlay.tasks[&TaskId::from_u128(1)];
+        let (_, _, stale) = held(&overlay, 1);
         assert_eq!(
-            held.stale_index,
+            stale,
             state_bit(State::Queued) | state_bit(State::Claimed) | state_bit(State::Running)
         );
-        assert_eq!(overlay.last_commit, 5);
+        assert_eq!(overlay.take_round().through_commit, 5);
     }
 }

@@ -212,8 +212,7 @@ impl Shared {
     /// The record of a task the overlay holds.
     fn pending_record(&self, id: TaskId) -> Option<Arc<[u8]>> {
         materializer::lock(&self.overlay)
-            .tasks
-            .get(&id)
+            .task(&id)
             .map(|pending| pending.record.clone())
     }
 
@@ -234,7 +233,7 @@ impl Shared {
     fn wait_for_room(&self) -> Result<(), StoreError> {
         let started = std::time::Instant::now();
         let mut overlay = materializer::lock(&self.overlay);
-        while overlay.tasks.len() >= MAX_PENDING_TASKS {
+        while overlay.task_count() >= MAX_PENDING_TASKS {
             if started.elapsed() >= BEHIND_TIMEOUT {
                 return Err(StoreError::Io(std::io::Error::other(
                     "tasks are not being written in place: the write-ahead log is full",
@@ -317,10 +316,8 @@ impl Shared {
     pub(super) fn block_holding(&self, seq: u64) -> Result<Vec<Event>, StoreError> {
         let missing = || corrupt("event log", format!("no block holds event {seq}"));
         let pending = materializer::lock(&self.overlay)
-            .blocks
-            .range(..=seq)
-            .next_back()
-            .map(|(_, bytes)| bytes.clone());
+            .block_holding(seq)
+            .cloned();
         let block: Vec<Event> = match pending {
             Some(bytes) => serde_json::from_slice(&bytes),
             None => {
@@ -502,14 +499,14 @@ impl Store for SledStore {
         if let Some(inline) = record::split(&bytes)?.inline_payload {
             return Ok(Some(inline.to_vec()));
         }
-        if let Some(payload) = materializer::lock(&self.shared.overlay).payloads.get(&id) {
+        if let Some(payload) = materializer::lock(&self.shared.overlay).payload(&id) {
             return Ok(Some(payload.to_vec()));
         }
         Ok(tree.get(keys::payload(id))?.map(|b| b.to_vec()))
     }
 
     fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        if let Some(record) = materializer::lock(&self.shared.overlay).keys.get(key) {
+        if let Some(record) = materializer::lock(&self.shared.overlay).key(key) {
             return decode_key_record(record).map(Some);
         }
         self.shared
@@ -561,11 +558,11 @@ impl Store for SledStore {
         // one or the other, and the `seq` check below drops the copy.
         let pending: Vec<Arc<[u8]>> = {
             let overlay = materializer::lock(&self.shared.overlay);
-            let holding = overlay.blocks.range(..=first).next_back();
-            holding
+            overlay
+                .block_holding(first)
                 .into_iter()
-                .chain(overlay.blocks.range(first.saturating_add(1)..))
-                .map(|(_, bytes)| bytes.clone())
+                .chain(overlay.blocks_after(first))
+                .cloned()
                 .collect()
         };
         let tree = &self.shared.tree;
@@ -598,8 +595,7 @@ impl Store for SledStore {
         let first = after_seq.saturating_add(1);
         let mut found: std::collections::BTreeMap<u64, Arc<[u8]>> =
             materializer::lock(&self.shared.overlay)
-                .worker_events
-                .range(first..)
+                .worker_events_from(first)
                 .take(limit)
                 .map(|(seq, bytes)| (*seq, bytes.clone()))
                 .collect();
