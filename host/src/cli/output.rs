@@ -5,23 +5,30 @@
 
 use std::io::Write;
 
+/// A failed write to stdout. Its own type, so that a broken pipe here is told apart from one
+/// on a socket to the server, which is a failure like any other.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to stdout: {0}")]
+pub struct StdoutError(#[source] std::io::Error);
+
 /// Writes one line to stdout.
-pub fn line(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+pub fn line(args: std::fmt::Arguments<'_>) -> Result<(), StdoutError> {
     let mut out = std::io::stdout().lock();
-    out.write_fmt(args)?;
-    out.write_all(b"\n")
+    out.write_fmt(args)
+        .and_then(|()| out.write_all(b"\n"))
+        .map_err(StdoutError)
 }
 
 /// Whether `error` is stdout's reader having gone away, which is no failure of the command.
 pub fn is_closed_stdout(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| {
         cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            .downcast_ref::<StdoutError>()
+            .is_some_and(|StdoutError(io)| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
 }
 
-/// `println!` that returns `std::io::Result<()>` instead of panicking.
+/// `println!` that returns `Result<(), StdoutError>` instead of panicking.
 macro_rules! outln {
     () => {
         $crate::cli::output::line(format_args!(""))
@@ -37,11 +44,14 @@ mod tests {
 
     #[test]
     fn only_a_broken_pipe_counts_as_a_closed_stdout() {
-        let closed = anyhow::Error::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
-            .context("print the summary");
+        let broken = || std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        let closed = anyhow::Error::from(StdoutError(broken())).context("print the summary");
         assert!(is_closed_stdout(&closed));
-        let full = anyhow::Error::from(std::io::Error::from(std::io::ErrorKind::StorageFull));
-        assert!(!is_closed_stdout(&full));
+        let full = StdoutError(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        assert!(!is_closed_stdout(&full.into()));
+        // A server that hung up mid-request is a failure, not a reader that has had enough.
+        let socket = anyhow::Error::from(broken()).context("send the claim");
+        assert!(!is_closed_stdout(&socket));
         assert!(!is_closed_stdout(&anyhow::anyhow!("no such task")));
     }
 }

@@ -183,7 +183,7 @@ impl Report {
         }
     }
 
-    pub fn print(&self, url: &str) -> std::io::Result<()> {
+    pub fn print(&self, url: &str) -> Result<(), crate::cli::output::StdoutError> {
         outln!("\n== Summary ({:.1} s) ==", self.elapsed.as_secs_f64())?;
         let states: Vec<String> = self
             .by_state
