@@ -54,15 +54,19 @@ impl Settings {
             .iter()
             .enumerate()
             .filter_map(|(index, task)| {
-                let waited = now_ms.saturating_sub(task.bucket_since_ms);
-                let to = match task.bucket {
-                    Bucket::Low if waited >= self.low_to_normal_ms => Bucket::Normal,
-                    Bucket::Normal if waited >= self.normal_to_urgent_ms => Bucket::Urgent,
-                    _ => return None,
-                };
-                Some((u32::try_from(index).ok()?, to))
+                Some((u32::try_from(index).ok()?, self.promote(now_ms, task)?))
             })
             .collect()
+    }
+
+    /// The bucket `task` moves to at `now_ms`, if it has waited long enough in its own.
+    pub fn promote(&self, now_ms: u64, task: &View) -> Option<Bucket> {
+        let waited = now_ms.saturating_sub(task.bucket_since_ms);
+        match task.bucket {
+            Bucket::Low if waited >= self.low_to_normal_ms => Some(Bucket::Normal),
+            Bucket::Normal if waited >= self.normal_to_urgent_ms => Some(Bucket::Urgent),
+            _ => None,
+        }
     }
 }
 
@@ -95,9 +99,9 @@ impl Guest for Component {
         now_ms: u64,
         task: (u64, u64, u64, u64, u64, u64),
     ) -> Option<sluice::policy::types::Bucket> {
+        // Without `age`'s list: an allocation and a free would cost more than the decision.
         let task = View::from_words(task).ok()?;
-        let (_, to) = SETTINGS.get().age(now_ms, &[task]).pop()?;
-        Some(wit_bucket(to))
+        SETTINGS.get().promote(now_ms, &task).map(wit_bucket)
     }
 }
 
@@ -138,6 +142,22 @@ mod tests {
         ];
         let promotions = settings.age(1_100, &waiting);
         assert_eq!(promotions, [(0, Bucket::Normal), (2, Bucket::Urgent)]);
+        // One task at a time (the `age-one` path) answers as the batch does.
+        let one_by_one: Vec<Option<Bucket>> = waiting
+            .iter()
+            .map(|task| settings.promote(1_100, task))
+            .collect();
+        assert_eq!(
+            one_by_one,
+            [
+                Some(Bucket::Normal),
+                None,
+                Some(Bucket::Urgent),
+                None,
+                None,
+                None
+            ]
+        );
     }
 
     #[test]
