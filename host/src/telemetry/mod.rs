@@ -15,7 +15,7 @@ mod tasks;
 pub use http::{HttpMetrics, track};
 pub use labels::{LabelBudget, OTHER, failure_reason};
 pub use pipeline::PipelineMetrics;
-pub use policy::{PolicyMetrics, VersionMetrics};
+pub use policy::{PolicyMetrics, TIMED_ONE_IN, VersionMetrics};
 pub use state::Present;
 pub use tasks::TaskMetrics;
 
