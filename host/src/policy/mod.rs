@@ -7,6 +7,7 @@ pub mod bindings;
 pub mod checks;
 mod conformance;
 mod decider;
+mod decisions;
 pub mod defaults;
 mod instance;
 mod pool;

@@ -1,22 +1,16 @@
 //! The policy registry: validates uploaded components, stores them as versions, and activates,
 //! rolls back and restores them, one kind's chain of versions at a time. Decisions go through
-//! it (`admit`, `age`, `retry`, `split`, `merge`) and never wait for its lock.
+//! it (see `decisions`) and never wait for its lock.
 
-use super::bindings::aging::exports::sluice::policy::aging::Promotion;
-use super::bindings::split;
-use super::checks;
 use super::conformance::Conformance;
 use super::defaults;
 use super::instance::{
     AgingInstance, MergeInstance, Policy, PriorityInstance, RetryInstance, SplitInstance,
 };
 use super::runtime::{Kind, PolicyError, PolicyRuntime};
-use super::slot::{Chain, Decided, FaultLimit, Loaded, Slot, SlotCounters};
+use super::slot::{Chain, FaultLimit, Loaded, Slot, SlotCounters};
 use crate::model::{BUILTIN_VERSION, PolicyAction, PolicyEvent, PolicyVersion};
 use crate::store::{PolicyCatalog, StoreError};
-use policy_packed::{
-    Admission, Bucket, Decision, FAILURE_WORDS, Failure, Hit, VIEW_WORDS, View, pack,
-};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -146,11 +140,11 @@ pub struct PolicyRegistry {
     options: RegistryOptions,
     mutations: Arc<Mutex<()>>,
     builtins: BTreeMap<Kind, Builtin>,
-    priority: Slot<PriorityInstance>,
-    aging: Slot<AgingInstance>,
-    retry: Slot<RetryInstance>,
-    split: Slot<SplitInstance>,
-    merge: Slot<MergeInstance>,
+    pub(super) priority: Slot<PriorityInstance>,
+    pub(super) aging: Slot<AgingInstance>,
+    pub(super) retry: Slot<RetryInstance>,
+    pub(super) split: Slot<SplitInstance>,
+    pub(super) merge: Slot<MergeInstance>,
 }
 
 /// Runs `$body` with `$slot` bound to the slot of `$kind`.
@@ -501,107 +495,6 @@ impl PolicyRegistry {
 
     pub fn options(&self) -> &RegistryOptions {
         &self.options
-    }
-
-    // ---- decisions ----
-
-    pub fn bucket_weights(&self, now_ms: u64) -> Result<Decided<Vec<u32>>, PolicyError> {
-        self.priority
-            .decide(now_ms, |p| p.bucket_weights(), checks::bucket_weights)
-    }
-
-    /// One admission per task, in order.
-    pub fn admit(
-        &self,
-        now_ms: u64,
-        tasks: &[View],
-    ) -> Result<Decided<Vec<Admission>>, PolicyError> {
-        if let [task] = tasks {
-            let words = task.words();
-            return self.priority.decide(
-                now_ms,
-                |p| p.admit_one(now_ms, words),
-                |(a, b, c)| checks::admissions(1, &[a, b, c]),
-            );
-        }
-        let words = pack(tasks, VIEW_WORDS, View::write);
-        self.priority.decide(
-            now_ms,
-            |p| p.admit(now_ms, &words),
-            |answer| checks::admissions(tasks.len(), &answer),
-        )
-    }
-
-    /// The index in `waiting` and the new bucket of each task to move.
-    pub fn age(
-        &self,
-        now_ms: u64,
-        waiting: &[View],
-    ) -> Result<Decided<Vec<(u32, Bucket)>>, PolicyError> {
-        if let [task] = waiting {
-            let words = task.words();
-            return self.aging.decide(
-                now_ms,
-                |p| p.age_one(now_ms, words),
-                |to| checks::promotions(waiting, to.map(|to| Promotion { index: 0, to })),
-            );
-        }
-        let words = pack(waiting, VIEW_WORDS, View::write);
-        self.aging.decide(
-            now_ms,
-            |p| p.age(now_ms, &words),
-            |promotions| checks::promotions(waiting, promotions),
-        )
-    }
-
-    /// One decision per failure, in order.
-    pub fn retry(
-        &self,
-        now_ms: u64,
-        failures: &[Failure],
-    ) -> Result<Decided<Vec<Decision>>, PolicyError> {
-        if let [failure] = failures {
-            let words = failure.words();
-            return self.retry.decide(
-                now_ms,
-                |p| p.decide_one(now_ms, words),
-                |word| checks::decisions(failures, &[word]),
-            );
-        }
-        let words = pack(failures, FAILURE_WORDS, Failure::write);
-        self.retry.decide(
-            now_ms,
-            |p| p.decide(now_ms, &words),
-            |answer| checks::decisions(failures, &answer),
-        )
-    }
-
-    pub fn split(
-        &self,
-        now_ms: u64,
-        request: &split::exports::sluice::policy::split::SplitRequest,
-    ) -> Result<
-        Decided<Result<Vec<split::exports::sluice::policy::split::Subtask>, String>>,
-        PolicyError,
-    > {
-        self.split
-            .decide(now_ms, |p| p.split(request), checks::subtasks)
-    }
-
-    /// `hits`: the children's hits packed with `Hit::write_part`, each child's run nearest
-    /// first; `weights[c]` is child c's weight.
-    pub fn merge(
-        &self,
-        now_ms: u64,
-        k: u32,
-        weights: &[f32],
-        hits: &[u64],
-    ) -> Result<Decided<Result<Vec<Hit>, String>>, PolicyError> {
-        self.merge.decide(
-            now_ms,
-            |p| p.merge(k, weights, hits),
-            |answer| checks::merged(k, hits, answer),
-        )
     }
 }
 
