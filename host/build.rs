@@ -1,6 +1,9 @@
 //! Builds the default policy components in `policies/` for wasm32-wasip2 and embeds them in the
 //! binary, so no `.wasm` file is ever committed and the defaults always match their source.
 
+#[path = "build/shim.rs"]
+mod shim;
+
 use std::env;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -90,20 +93,49 @@ fn main() {
             .join(TARGET)
             .join("release")
             .join(format!("{name}.wasm"));
-        if !path.exists() {
-            eprintln!("error: the policy build produced no {}", path.display());
-            exit(1);
-        }
+        let original = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                eprintln!("error: cannot read {}: {error}", path.display());
+                exit(1);
+            }
+        };
+        let embed = match shim::lift_through_shim(&original)
+            .and_then(|bytes| validate(&bytes).map(|()| bytes))
+        {
+            Ok(shimmed) => {
+                let shimmed_path = out_dir.join(format!("{name}.wasm"));
+                if let Err(error) = std::fs::write(&shimmed_path, shimmed) {
+                    eprintln!("error: cannot write {}: {error}", shimmed_path.display());
+                    exit(1);
+                }
+                shimmed_path
+            }
+            Err(reason) => {
+                println!(
+                    "cargo:warning={name}: embedded as built, without the call shim: {reason}"
+                );
+                path
+            }
+        };
         let _ = writeln!(
             embedded,
             "pub const {constant}: &[u8] = include_bytes!({:?});",
-            path.display().to_string()
+            embed.display().to_string()
         );
     }
     if let Err(error) = std::fs::write(out_dir.join("default_policies.rs"), embedded) {
         eprintln!("error: cannot write the embedded policy list: {error}");
         exit(1);
     }
+}
+
+/// A rewritten component must still be valid, or it is not used.
+fn validate(component: &[u8]) -> Result<(), String> {
+    wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::all())
+        .validate_all(component)
+        .map(drop)
+        .map_err(|error| format!("the rewrite is invalid: {error}"))
 }
 
 fn watch(path: &Path) {

@@ -34,4 +34,7 @@ mod hostile;
 #[cfg(test)]
 mod registry_tests;
 #[cfg(test)]
+#[path = "../../build/shim.rs"]
+mod shim;
+#[cfg(test)]
 mod tests;
