@@ -181,13 +181,18 @@ fn value_type(value: wasmparser::ValType) -> Result<u8, String> {
     }
 }
 
-/// The alias section with each alias of a core function of instance 0 named in `names`
-/// pointed at the same name in instance 1 (the shim); every other alias byte for byte.
-fn repoint_aliases(body: &[u8], names: &HashSet<&str>) -> Result<Vec<u8>, String> {
+/// One entry of an alias section: its bytes, and the instance and name when it aliases a core
+/// function exported by a core instance.
+struct Alias<'a> {
+    bytes: &'a [u8],
+    core_function: Option<(u32, &'a str)>,
+}
+
+/// The entries of an alias section, in order.
+fn aliases(body: &[u8]) -> Result<Vec<Alias<'_>>, String> {
     let mut at = 0;
     let count = leb_u32(body, &mut at)?;
-    let mut out = Vec::with_capacity(body.len());
-    write_u32(&mut out, count as usize);
+    let mut entries = Vec::new();
     for _ in 0..count {
         let start = at;
         let sort = *body.get(at).ok_or("a short alias")?;
@@ -201,17 +206,14 @@ fn repoint_aliases(body: &[u8], names: &HashSet<&str>) -> Result<Vec<u8>, String
         };
         let target = *body.get(at).ok_or("a short alias")?;
         at += 1;
+        let mut core_function = None;
         match target {
             // The export of a (core) instance: instance index, name.
             0x00 | 0x01 => {
                 let instance = leb_u32(body, &mut at)?;
                 let name = read_name(body, &mut at)?;
-                let function_of_guest = target == 0x01 && core_sort == Some(0x00) && instance == 0;
-                if function_of_guest && names.contains(name) {
-                    out.extend_from_slice(&body[start..start + 3]);
-                    write_u32(&mut out, 1);
-                    write_name(&mut out, name);
-                    continue;
+                if target == 0x01 && core_sort == Some(0x00) {
+                    core_function = Some((instance, name));
                 }
             }
             // Outer: count, index.
@@ -221,10 +223,33 @@ fn repoint_aliases(body: &[u8], names: &HashSet<&str>) -> Result<Vec<u8>, String
             }
             other => return Err(format!("alias target {other:#x}")),
         }
-        out.extend_from_slice(&body[start..at]);
+        entries.push(Alias {
+            bytes: &body[start..at],
+            core_function,
+        });
     }
     if at != body.len() {
         return Err("bytes after the last alias".into());
+    }
+    Ok(entries)
+}
+
+/// The alias section with each alias of a core function of instance 0 named in `names`
+/// pointed at the same name in instance 1 (the shim); every other alias byte for byte.
+fn repoint_aliases(body: &[u8], names: &HashSet<&str>) -> Result<Vec<u8>, String> {
+    let entries = aliases(body)?;
+    let mut out = Vec::with_capacity(body.len());
+    write_u32(&mut out, entries.len());
+    for alias in entries {
+        match alias.core_function {
+            Some((0, name)) if names.contains(name) => {
+                // Core sort "func" and target "core export": the same three bytes.
+                out.extend_from_slice(&alias.bytes[..3]);
+                write_u32(&mut out, 1);
+                write_name(&mut out, name);
+            }
+            _ => out.extend_from_slice(alias.bytes),
+        }
     }
     Ok(out)
 }
@@ -283,32 +308,15 @@ mod tests {
 
     /// Names of the core functions aliased from `instance` in the component's alias sections.
     fn function_aliases_of(component: &[u8], instance: u32) -> Vec<String> {
-        let mut found = Vec::new();
-        for section in sections(component).unwrap() {
-            if section.id != ALIAS_SECTION {
-                continue;
-            }
-            let body = section.body;
-            let mut at = 0;
-            for _ in 0..leb_u32(body, &mut at).unwrap() {
-                let core_function = body[at..].starts_with(&[0x00, 0x00, 0x01]);
-                let sort_bytes = if body[at] == 0x00 { 2 } else { 1 };
-                at += sort_bytes;
-                let target = body[at];
-                at += 1;
-                if target == 0x02 {
-                    leb_u32(body, &mut at).unwrap();
-                    leb_u32(body, &mut at).unwrap();
-                    continue;
-                }
-                let from = leb_u32(body, &mut at).unwrap();
-                let name = read_name(body, &mut at).unwrap();
-                if core_function && from == instance {
-                    found.push(name.to_string());
-                }
-            }
-        }
-        found
+        sections(component)
+            .unwrap()
+            .iter()
+            .filter(|section| section.id == ALIAS_SECTION)
+            .flat_map(|section| aliases(section.body).unwrap())
+            .filter_map(|alias| alias.core_function)
+            .filter(|(from, _)| *from == instance)
+            .map(|(_, name)| name.to_string())
+            .collect()
     }
 
     #[test]
