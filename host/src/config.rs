@@ -35,6 +35,8 @@ pub struct ServeConfig {
     pub queue_capacity: usize,
     pub cache_capacity_bytes: u64,
     pub fdatasync: bool,
+    /// Answer claims only once their leases are synced, not once they are written to the log.
+    pub sync_claims: bool,
     /// Each policy kind's settings, as the `name=value` lines its component's `init` takes.
     pub policy_configs: BTreeMap<PolicyKind, String>,
     pub policy_memory_limit_bytes: usize,
@@ -69,6 +71,7 @@ impl Default for ServeConfig {
             queue_capacity: 4096,
             cache_capacity_bytes: 512 * 1024 * 1024,
             fdatasync: true,
+            sync_claims: false,
             policy_configs: BTreeMap::new(),
             policy_memory_limit_bytes: 16 * 1024 * 1024,
             policy_call_fuel: 50_000_000,
@@ -97,6 +100,7 @@ pub struct FileConfig {
     pub queue_capacity: Option<usize>,
     pub cache_capacity_bytes: Option<u64>,
     pub fdatasync: Option<bool>,
+    pub sync_claims: Option<bool>,
     pub policy_memory_limit_bytes: Option<usize>,
     pub policy_call_fuel: Option<u64>,
     pub policy_max_faults: Option<u32>,
@@ -134,6 +138,7 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     pub max_payload_bytes: Option<usize>,
     pub fdatasync: Option<bool>,
+    pub sync_claims: Option<bool>,
     pub lease_ms: Option<u64>,
     pub drain_timeout_ms: Option<u64>,
     /// `kind.name=value` settings of policies; each overrides the same setting in the file.
@@ -190,6 +195,10 @@ impl ServeConfig {
                 .fdatasync
                 .or(file.fdatasync)
                 .unwrap_or(defaults.fdatasync),
+            sync_claims: overrides
+                .sync_claims
+                .or(file.sync_claims)
+                .unwrap_or(defaults.sync_claims),
         };
         config.check()?;
         Ok(config)
@@ -349,7 +358,7 @@ mod tests {
     #[test]
     fn flags_override_the_file_which_overrides_defaults() {
         let file: FileConfig =
-            toml::from_str("listen = \"0.0.0.0:9000\"\ndata_dir = \"/srv/a\"\nqueue_capacity = 10")
+            toml::from_str("listen = \"0.0.0.0:9000\"\ndata_dir = \"/srv/a\"\nqueue_capacity = 10\nsync_claims = true")
                 .unwrap();
         let overrides = Overrides {
             data_dir: Some("/srv/b".into()),
@@ -360,6 +369,8 @@ mod tests {
         assert_eq!(config.listen, "0.0.0.0:9000".parse().unwrap());
         assert_eq!(config.queue_capacity, 10);
         assert_eq!(config.max_payload_bytes, 1024 * 1024);
+        assert!(config.sync_claims);
+        assert!(!ServeConfig::default().sync_claims);
     }
 
     #[test]

@@ -79,6 +79,7 @@ impl Server {
                     ..EngineOptions::default()
                 },
                 aging_interval_ms: config.aging_interval_ms,
+                sync_claims: config.sync_claims,
                 split_kinds: config.split_kinds.clone(),
                 metrics: metrics.tasks.clone(),
                 pipeline_metrics: metrics.pipeline.clone(),

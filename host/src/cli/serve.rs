@@ -24,6 +24,10 @@ pub struct ServeArgs {
     /// fdatasync after each group flush so acknowledged tasks survive power loss [default: true]
     #[arg(long, env = "SLUICE_FDATASYNC")]
     fdatasync: Option<bool>,
+    /// Answer a claim only once its leases are synced to disk, not once they are written to the
+    /// log: a lease then survives a power loss too [default: false]
+    #[arg(long, env = "SLUICE_SYNC_CLAIMS")]
+    sync_claims: Option<bool>,
     /// How long a claim or a lease heartbeat holds a task, in ms [default: 30000]
     #[arg(long, env = "SLUICE_LEASE_MS")]
     lease_ms: Option<u64>,
@@ -46,6 +50,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         listen: args.listen,
         max_payload_bytes: args.max_payload_bytes,
         fdatasync: args.fdatasync,
+        sync_claims: args.sync_claims,
         lease_ms: args.lease_ms,
         drain_timeout_ms: args.drain_timeout_ms,
         policy_settings: args.policy_settings,

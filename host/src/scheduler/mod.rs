@@ -5,6 +5,9 @@
 //! locks and no compare-and-swap; the writer reads the clock and draws random bits and hands
 //! them to the deterministic engine. A request is answered only after the flusher's next
 //! `sync` (flush + fdatasync) covers its write, and one `sync` covers every write before it.
+//! Claims are the exception (unless `sync_claims`): answered once their leases are written to
+//! the log, so the disk's slowest syncs stay out of a worker's path. A lease lost to a power
+//! loss only makes its task run again.
 
 mod callbacks;
 mod clock;
@@ -98,6 +101,10 @@ pub struct SchedulerOptions {
     pub tick_ms: u64,
     /// How often the aging policy sees the waiting tasks, and bucket weights are refreshed.
     pub aging_interval_ms: u64,
+    /// Answer claims once a sync covers their leases. Otherwise once the leases are written
+    /// to the log: they then survive a crash of the process but not a power loss, which only
+    /// re-runs the attempt (the task is queued again, and the worker's reports get 409).
+    pub sync_claims: bool,
     /// Task kinds split on admission by the split policy (and merged by the merge policy).
     pub split_kinds: Vec<String>,
     /// Where committed changes are counted.
@@ -113,6 +120,7 @@ impl Default for SchedulerOptions {
             engine: EngineOptions::default(),
             tick_ms: 100,
             aging_interval_ms: 1_000,
+            sync_claims: false,
             split_kinds: vec!["vector.search".to_owned()],
             metrics: Arc::default(),
             pipeline_metrics: Arc::default(),
@@ -231,6 +239,7 @@ impl Scheduler {
             options.aging_interval_ms,
         );
         writer.split_kinds = options.split_kinds.clone();
+        writer.sync_claims = options.sync_claims;
         writer.metrics = options.metrics.clone();
         writer.durable_event_seq = Some(durable_tx);
         writer.admit_recovered(&unadmitted)?;

@@ -1,5 +1,5 @@
 //! The writer and flusher threads over a real sled store, with a fault-injecting wrapper where
-//! a test needs a commit to fail.
+//! a test needs a commit to fail or a sync to wait.
 
 use super::*;
 use crate::model::{Limits, TaskSpec};
@@ -15,10 +15,27 @@ impl Clock for FixedClock {
     }
 }
 
-/// The real store, except that `commit` fails while `fail_commits` is set.
+/// The real store, except that `commit` fails while `fail_commits` is set, and `sync` waits
+/// while `syncs_held` is.
 struct FlakyStore {
     inner: SledStore,
     fail_commits: AtomicBool,
+    syncs_held: (std::sync::Mutex<bool>, std::sync::Condvar),
+}
+
+impl FlakyStore {
+    fn new(dir: &std::path::Path) -> FlakyStore {
+        FlakyStore {
+            inner: SledStore::open(dir, &SledOptions::default()).unwrap(),
+            fail_commits: AtomicBool::new(false),
+            syncs_held: Default::default(),
+        }
+    }
+
+    fn hold_syncs(&self, held: bool) {
+        *self.syncs_held.0.lock().unwrap() = held;
+        self.syncs_held.1.notify_all();
+    }
 }
 
 impl Store for FlakyStore {
@@ -31,6 +48,8 @@ impl Store for FlakyStore {
         self.inner.commit(change)
     }
     fn sync(&self) -> Result<(), StoreError> {
+        let (held, released) = &self.syncs_held;
+        drop(released.wait_while(held.lock().unwrap(), |held| *held));
         self.inner.sync()
     }
     fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
@@ -80,13 +99,101 @@ fn submission(key: Option<&str>, payload: serde_json::Value) -> Submission {
 }
 
 fn start(store: Arc<dyn Store>) -> Scheduler {
+    start_with(store, &SchedulerOptions::default())
+}
+
+fn start_with(store: Arc<dyn Store>, options: &SchedulerOptions) -> Scheduler {
     Scheduler::start(
         store,
         Box::new(FixedClock(1_000)),
         Arc::new(super::NativeDecider::default()),
-        &SchedulerOptions::default(),
+        options,
     )
     .unwrap()
+}
+
+/// Registers `worker` and queues `tasks` tasks, all synced.
+async fn worker_and_tasks(scheduler: &Scheduler, worker: &str, tasks: usize) {
+    let heartbeat: Heartbeat =
+        serde_json::from_value(serde_json::json!({"max_concurrency": 8})).unwrap();
+    scheduler
+        .heartbeat(worker.to_owned(), heartbeat)
+        .await
+        .unwrap();
+    let submissions = (0..tasks)
+        .map(|n| submission(None, serde_json::json!(n)))
+        .collect();
+    for answer in scheduler.submit_many(submissions).await.unwrap() {
+        answer.unwrap();
+    }
+}
+
+/// Waits until the writer has committed a group that leaves `count` tasks in `state`: the
+/// snapshot it stores after each group says so. Bounded, so a bug fails the test instead of
+/// hanging it.
+async fn until_in_state(scheduler: &Scheduler, state: State, count: u64) {
+    for _ in 0..5_000 {
+        if scheduler.snapshot().tasks_by_state[&state] >= count {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    panic!("the writer never left {count} tasks {state}");
+}
+
+#[tokio::test]
+async fn a_claim_is_answered_once_written_and_a_report_once_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FlakyStore::new(dir.path()));
+    let scheduler = Arc::new(start(store.clone()));
+    worker_and_tasks(&scheduler, "w", 1).await;
+
+    store.hold_syncs(true);
+    let claim = scheduler.claim("w".into(), 1);
+    let claimed = tokio::time::timeout(std::time::Duration::from_secs(10), claim)
+        .await
+        .expect("the claim waited for a sync")
+        .unwrap();
+    let task = claimed.leases[0].clone();
+    let token = task.lease.clone().unwrap().token;
+    let start = tokio::spawn({
+        let scheduler = scheduler.clone();
+        async move { scheduler.report(task.id, token, Report::Start).await }
+    });
+    until_in_state(&scheduler, State::Running, 1).await;
+    tokio::task::yield_now().await;
+    assert!(
+        !start.is_finished(),
+        "a report was answered before its sync"
+    );
+    store.hold_syncs(false);
+    let started = start.await.unwrap().unwrap();
+    assert_eq!(started.state, State::Running);
+    scheduler.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_sync_claims_a_claim_waits_for_its_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FlakyStore::new(dir.path()));
+    let options = SchedulerOptions {
+        sync_claims: true,
+        ..SchedulerOptions::default()
+    };
+    let scheduler = Arc::new(start_with(store.clone(), &options));
+    worker_and_tasks(&scheduler, "w", 1).await;
+
+    store.hold_syncs(true);
+    let claim = tokio::spawn({
+        let scheduler = scheduler.clone();
+        async move { scheduler.claim("w".into(), 1).await }
+    });
+    until_in_state(&scheduler, State::Claimed, 1).await;
+    tokio::task::yield_now().await;
+    assert!(!claim.is_finished(), "a claim was answered before its sync");
+    store.hold_syncs(false);
+    assert_eq!(claim.await.unwrap().unwrap().leases.len(), 1);
+    scheduler.shutdown().await;
 }
 
 #[tokio::test]
@@ -121,10 +228,7 @@ async fn one_group_sees_its_own_keys_replaying_and_conflicting() {
 #[tokio::test]
 async fn a_failed_commit_is_answered_with_errors_and_leaves_no_trace() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(FlakyStore {
-        inner: SledStore::open(dir.path(), &SledOptions::default()).unwrap(),
-        fail_commits: AtomicBool::new(false),
-    });
+    let store = Arc::new(FlakyStore::new(dir.path()));
     let scheduler = start(store.clone());
     let kept = scheduler
         .submit(submission(Some("kept"), serde_json::json!(1)))

@@ -70,6 +70,8 @@ pub(super) struct Group {
     latest_write: HashMap<TaskId, usize>,
     payload_bytes: usize,
     deliveries: Vec<Delivery>,
+    /// Answers sent once the group's commit is written, before a sync covers it.
+    written: Vec<Delivery>,
 }
 
 impl Group {
@@ -85,6 +87,21 @@ impl Group {
     ) {
         self.deliveries.push(Box::new(move |synced| {
             let _ = reply.send(match synced {
+                Ok(()) => answer,
+                Err(error) => answer.failed(error),
+            });
+        }));
+    }
+
+    /// Queues an answer, to be sent once this group's commit is written to the log (it then
+    /// survives the process, not yet a power loss).
+    pub(super) fn answer_written<T: Durable + Send + 'static>(
+        &mut self,
+        reply: oneshot::Sender<T>,
+        answer: T,
+    ) {
+        self.written.push(Box::new(move |written| {
+            let _ = reply.send(match written {
                 Ok(()) => answer,
                 Err(error) => answer.failed(error),
             });
@@ -107,6 +124,8 @@ pub(crate) struct Writer {
     cache: super::task_cache::TaskCache,
     /// Task kinds split on admission by the split policy.
     pub(super) split_kinds: Vec<String>,
+    /// See `SchedulerOptions::sync_claims`.
+    pub(super) sync_claims: bool,
     pub(super) metrics: Arc<crate::telemetry::TaskMetrics>,
     /// Told the last event `seq` each sync covers.
     pub(super) durable_event_seq: Option<watch::Sender<u64>>,
@@ -139,6 +158,7 @@ impl Writer {
             next_aging_ms: 0,
             cache: super::task_cache::TaskCache::default(),
             split_kinds: Vec::new(),
+            sync_claims: false,
             metrics: Arc::default(),
             durable_event_seq: None,
         }
@@ -235,7 +255,11 @@ impl Writer {
             }
             Command::Claim { worker, max, reply } => {
                 let answer = self.claim(&worker, max, group);
-                group.answer(reply, answer);
+                if self.sync_claims {
+                    group.answer(reply, answer);
+                } else {
+                    group.answer_written(reply, answer);
+                }
                 true
             }
             Command::Report {
@@ -305,6 +329,9 @@ impl Writer {
         match committed {
             Ok(()) => {
                 self.metrics.observe(&group.change);
+                for delivery in group.written {
+                    delivery(Ok(()));
+                }
                 let deliveries = group.deliveries;
                 let durable = self
                     .durable_event_seq
@@ -332,7 +359,7 @@ impl Writer {
             Err(error) => {
                 tracing::error!(%error, "commit failed; answering its requests with an error");
                 let error = Arc::new(error);
-                for delivery in group.deliveries {
+                for delivery in group.written.into_iter().chain(group.deliveries) {
                     delivery(Err(error.clone()));
                 }
                 self.resync();
