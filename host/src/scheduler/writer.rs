@@ -85,12 +85,7 @@ impl Group {
         reply: oneshot::Sender<T>,
         answer: T,
     ) {
-        self.deliveries.push(Box::new(move |synced| {
-            let _ = reply.send(match synced {
-                Ok(()) => answer,
-                Err(error) => answer.failed(error),
-            });
-        }));
+        self.deliveries.push(delivery(reply, answer));
     }
 
     /// Queues an answer, to be sent once this group's commit is written to the log (it then
@@ -100,13 +95,18 @@ impl Group {
         reply: oneshot::Sender<T>,
         answer: T,
     ) {
-        self.written.push(Box::new(move |written| {
-            let _ = reply.send(match written {
-                Ok(()) => answer,
-                Err(error) => answer.failed(error),
-            });
-        }));
+        self.written.push(delivery(reply, answer));
     }
+}
+
+/// Sends `answer` once what it waits for is done, or the error that stopped it.
+fn delivery<T: Durable + Send + 'static>(reply: oneshot::Sender<T>, answer: T) -> Delivery {
+    Box::new(move |outcome| {
+        let _ = reply.send(match outcome {
+            Ok(()) => answer,
+            Err(error) => answer.failed(error),
+        });
+    })
 }
 
 pub(crate) struct Writer {
