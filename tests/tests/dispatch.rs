@@ -124,6 +124,59 @@ async fn a_zombie_reporting_with_its_expired_token_gets_409_and_the_new_attempt_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_says_how_long_its_long_poll_waited_for_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let client = http();
+    register_worker(&client, &server, "gpu-1", 1).await;
+    let submit = |priority: &'static str| {
+        let (client, url) = (client.clone(), server.endpoint("/v1/tasks"));
+        async move {
+            let answer = post_json(
+                &client,
+                &url,
+                &json!({"kind": "oct.scan", "priority": priority}),
+            )
+            .await;
+            assert_eq!(answer.status, 201, "{:?}", answer.body);
+        }
+    };
+
+    // Work already queued: no wait.
+    submit("normal").await;
+    let at_once = post_json(
+        &client,
+        &server.endpoint("/v1/workers/gpu-1/claim"),
+        &json!({"max": 1, "wait_ms": 10_000}),
+    )
+    .await;
+    assert_eq!(at_once.body["leases"].as_array().map(Vec::len), Some(1));
+    assert_eq!(at_once.body["waited_for_work_us"], 0, "{:?}", at_once.body);
+
+    // No work: the claim parks until a submission queues some. The work appeared after the
+    // submission was sent and before it was acknowledged, so that bounds the reported wait.
+    register_worker(&client, &server, "gpu-2", 1).await;
+    let sent = std::time::Instant::now();
+    let waiting = tokio::spawn({
+        let (client, url) = (client.clone(), server.endpoint("/v1/workers/gpu-2/claim"));
+        async move { post_json(&client, &url, &json!({"max": 1, "wait_ms": 30_000})).await }
+    });
+    // Time for the claim to reach the server and park; had it not, it would report no wait
+    // and the lower bound below would say so.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    submit("urgent").await;
+    let acknowledged_us = sent.elapsed().as_micros() as u64;
+    let answer = waiting.await.unwrap();
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    assert_eq!(answer.body["leases"].as_array().map(Vec::len), Some(1));
+    let waited_us = answer.body["waited_for_work_us"].as_u64().expect("a wait");
+    assert!(
+        (250_000..=acknowledged_us).contains(&waited_us),
+        "waited {waited_us} µs for work submitted 500 ms after the claim and acknowledged after {acknowledged_us} µs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_reports_and_claims_are_refused_with_problems() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());

@@ -79,6 +79,10 @@ pub struct ClaimResponse {
     pub leases: Vec<LeaseGrant>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub reason: Option<ClaimRefusal>,
+    /// How long the long poll held this claim before the work it was granted was queued, in
+    /// µs (0 when there was work at once). The rest of the claim's time is the server's.
+    #[serde(default)]
+    pub waited_for_work_us: u64,
 }
 
 fn refusal(reason: &NoClaim) -> ClaimResponse {
@@ -88,6 +92,7 @@ fn refusal(reason: &NoClaim) -> ClaimResponse {
             code: reason.code().to_owned(),
             detail: reason.to_string(),
         }),
+        waited_for_work_us: 0,
     }
 }
 
@@ -115,33 +120,38 @@ pub async fn claim(
             "wait_ms must be at most {max_wait_ms}"
         )));
     }
-    let deadline = Instant::now() + Duration::from_millis(request.wait_ms);
+    let arrived = Instant::now();
+    let deadline = arrived + Duration::from_millis(request.wait_ms);
     let work_queued = state.scheduler.work_queued();
+    // When the work this claim may take appeared: its arrival, then each signal that woke it.
+    let mut work_since = arrived;
     loop {
         if state.is_draining() {
             return Ok(Json(refusal(&NoClaim::Draining)));
         }
-        // Armed before the claim, so a task queued while it runs still wakes this loop.
+        // Read, then armed, before the claim: a task queued while it runs still wakes this
+        // loop, and the signal after `seen` is the one that does.
+        let seen = work_queued.sent();
         let notified = work_queued.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let asked = Instant::now();
         let claimed = state.scheduler.claim(worker.clone(), request.max).await?;
         if let Some(reason) = &claimed.refused {
             return Ok(Json(refusal(reason)));
         }
         if !claimed.leases.is_empty() {
-            state
-                .metrics
-                .pipeline
-                .observe_claim_grant(asked.elapsed().as_secs_f64());
             let mut leases = Vec::with_capacity(claimed.leases.len());
             for task in claimed.leases {
                 leases.push(grant(&state, task)?);
             }
+            state
+                .metrics
+                .pipeline
+                .observe_claim_grant(work_since.elapsed().as_secs_f64());
             return Ok(Json(ClaimResponse {
                 leases,
                 reason: None,
+                waited_for_work_us: (work_since - arrived).as_micros() as u64,
             }));
         }
         let now = Instant::now();
@@ -149,9 +159,24 @@ pub async fn claim(
             return Ok(Json(ClaimResponse {
                 leases: Vec::new(),
                 reason: None,
+                waited_for_work_us: 0,
             }));
         }
-        let _ = tokio::time::timeout_at(deadline.min(now + CLAIM_RECHECK), notified).await;
+        let signalled = tokio::time::timeout_at(deadline.min(now + CLAIM_RECHECK), notified)
+            .await
+            .is_ok();
+        let woken = Instant::now();
+        // Woken by a signal: the work appeared when it was sent (perhaps while this claim was
+        // being planned just before it), and the wake-up itself is the server's time. Woken by
+        // the recheck timer: no one knows, so count from now.
+        work_since = if signalled {
+            work_queued
+                .sent_after(seen)
+                .map(|sent| Instant::from_std(sent).clamp(work_since, woken))
+                .unwrap_or(woken)
+        } else {
+            woken
+        };
     }
 }
 

@@ -16,12 +16,14 @@ mod dispatch;
 mod family;
 mod flusher;
 mod task_cache;
+mod work_signal;
 mod writer;
 
 pub use clock::{Clock, SystemClock};
 pub use decider::{
     Decided, Decider, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
 };
+pub use work_signal::WorkSignal;
 
 use crate::engine::{Engine, EngineOptions, NoClaim, Report, Snapshot, WorkerView};
 use crate::model::{
@@ -187,7 +189,7 @@ pub struct Scheduler {
     /// The engine's state as of the writer's last group.
     snapshot: Arc<ArcSwap<Snapshot>>,
     /// Woken whenever tasks join a queue, for claims that wait for work.
-    work_queued: Arc<tokio::sync::Notify>,
+    work_queued: Arc<WorkSignal>,
     /// The last event `seq` on disk: readers of the log follow it, so they never show an
     /// event a crash could still take back.
     durable_event_seq: watch::Receiver<u64>,
@@ -225,7 +227,7 @@ impl Scheduler {
         let (flush_tx, flush_rx) = std::sync::mpsc::sync_channel(options.queue_capacity.max(1));
         let snapshot = Arc::new(ArcSwap::from_pointee(engine.snapshot()));
         let callback_jobs = callbacks::spawn(commands.clone())?;
-        let work_queued = Arc::new(tokio::sync::Notify::new());
+        let work_queued = Arc::new(WorkSignal::default());
         let (durable_tx, durable_event_seq) = watch::channel(last_event_seq);
         let mut writer = writer::Writer::new(
             engine,
@@ -328,9 +330,9 @@ impl Scheduler {
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
-    /// Resolves when tasks join a queue. Create it before a claim that may come back empty,
-    /// so a task queued in between is not missed.
-    pub fn work_queued(&self) -> Arc<tokio::sync::Notify> {
+    /// Signalled when tasks join a queue. Arm a wait on it before a claim that may come back
+    /// empty, so a task queued in between is not missed.
+    pub fn work_queued(&self) -> Arc<WorkSignal> {
         self.work_queued.clone()
     }
 

@@ -117,7 +117,7 @@ pub(crate) struct Writer {
     pub(super) random: SmallRng,
     flusher: SyncSender<Delivery>,
     snapshot: Arc<ArcSwap<Snapshot>>,
-    work_queued: Arc<tokio::sync::Notify>,
+    work_queued: Arc<super::WorkSignal>,
     pub(super) callback_jobs: mpsc::Sender<super::callbacks::Job>,
     pub(super) aging_interval_ms: u64,
     pub(super) next_aging_ms: u64,
@@ -140,7 +140,7 @@ impl Writer {
         decider: Arc<dyn Decider>,
         flusher: SyncSender<Delivery>,
         snapshot: Arc<ArcSwap<Snapshot>>,
-        work_queued: Arc<tokio::sync::Notify>,
+        work_queued: Arc<super::WorkSignal>,
         callback_jobs: mpsc::Sender<super::callbacks::Job>,
         aging_interval_ms: u64,
     ) -> Self {
@@ -319,7 +319,7 @@ impl Writer {
             .iter()
             .any(|write| write.task.state == State::Queued);
         if queued {
-            self.work_queued.notify_waiters();
+            self.work_queued.send();
         }
         let committed = if group.change.is_empty() {
             Ok(())

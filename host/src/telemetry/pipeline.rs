@@ -34,7 +34,7 @@ impl PipelineMetrics {
         );
         registry.register(
             "claim_grant_seconds",
-            "Time from a claim that found work reaching the scheduler to its leases being durable",
+            "Time from a claim that found work having work (its arrival, or the queueing that woke its long poll) to its answer being ready",
             self.claim_grant.clone(),
         );
     }
