@@ -90,6 +90,10 @@ impl Server {
         Server { child, url }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn endpoint(&self, path: &str) -> String {
         format!("{}{path}", self.url)
     }

@@ -321,3 +321,18 @@ fn the_demo_runs_its_load_to_the_end_and_prints_the_summary() {
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("--tasks"));
 }
+
+/// `main` turns transparent huge pages off for the process (see its comment for why); the
+/// kernel says so in the process's status (Linux 5.0 and later).
+#[cfg(target_os = "linux")]
+#[test]
+fn serve_runs_with_transparent_huge_pages_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("THP_enabled:"))
+        .expect("a THP_enabled line in /proc/PID/status");
+    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+}
