@@ -13,6 +13,7 @@ mod materializer;
 mod overlay;
 mod policy_catalog;
 mod record;
+mod segment;
 mod sled_store;
 mod wal;
 mod wal_file;

@@ -11,7 +11,7 @@ use super::overlay::Overlay;
 use super::wal::{self, CallbackMark, Entry, PendingWrite};
 use super::wal_file::WalFile;
 use super::{Change, KeyRecord, ListPage, ListQuery, Recovery, Store, StoreError};
-use super::{keys, listing, materializer, record};
+use super::{keys, listing, materializer, record, segment};
 use crate::model::{Event, QueueEntry, State, Task, TaskId, WorkerEvent};
 use std::collections::HashMap;
 use std::collections::HashSet;
@@ -37,9 +37,6 @@ impl Default for SledOptions {
     }
 }
 
-/// sled writes any page larger than a quarter segment to a separate blob file that it never
-/// syncs. 8 MiB segments keep pages holding a 1 MiB payload inside the synced log.
-const SEGMENT_SIZE_BYTES: usize = 8 << 20;
 const TREE_NAME: &str = "tasks";
 const POLICY_TREE_NAME: &str = "policies";
 
@@ -95,10 +92,17 @@ impl SledStore {
             source,
         };
         std::fs::create_dir_all(dir)?;
+        let segment_bytes = segment::segment_bytes(dir);
+        if segment_bytes != segment::NEW_SEGMENT_BYTES {
+            tracing::info!(
+                segment_bytes,
+                "this data directory keeps the sled segment size it was made with; new ones use 1 MiB, which shortens the stalls behind sled's log writes"
+            );
+        }
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(options.cache_capacity_bytes)
-            .segment_size(SEGMENT_SIZE_BYTES)
+            .segment_size(segment_bytes)
             .mode(sled::Mode::HighThroughput)
             .open()
             .map_err(open_error)?;

@@ -218,7 +218,8 @@ fn pages_too_large_for_the_log_land_in_blob_files_that_sync_covers() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let mut engine = Engine::default();
-    // A 3 MiB payload is past sled's blob threshold of a quarter of an 8 MiB segment.
+    // A 3 MiB payload is past sled's blob threshold, a quarter of a segment (of 1 MiB, or 8 MiB
+    // in directories made before).
     let huge = serde_json::json!({"blob": "z".repeat(3 << 20)});
     let spec: TaskSpec =
         serde_json::from_value(serde_json::json!({"kind": "k", "payload": huge.clone()})).unwrap();
