@@ -14,6 +14,7 @@ pub mod model;
 pub mod policy;
 pub mod scheduler;
 pub mod server;
+pub mod sim;
 pub mod store;
 pub mod telemetry;
 pub mod vector;

@@ -3,7 +3,7 @@
 
 mod cli;
 
-// sled and serde allocate on every write; with mimalloc `sluice bench submit` measured 7.4k
+// The store and serde allocate on every write; with mimalloc `sluice bench submit` measured 7.4k
 // durable submissions/s at 256 clients against 6.1k with glibc's malloc.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -76,11 +76,11 @@ impl Server {
                 engine: EngineOptions {
                     lease_ms: config.lease_ms,
                     worker_stale_ms: config.worker_stale_ms,
+                    aging_interval_ms: config.aging_interval_ms,
+                    split_kinds: config.split_kinds.clone(),
                     ..EngineOptions::default()
                 },
-                aging_interval_ms: config.aging_interval_ms,
                 sync_claims: config.sync_claims,
-                split_kinds: config.split_kinds.clone(),
                 metrics: metrics.tasks.clone(),
                 pipeline_metrics: metrics.pipeline.clone(),
                 ..SchedulerOptions::default()

@@ -1,6 +1,7 @@
 //! The one place where errors become HTTP answers: RFC 9457 `application/problem+json` bodies
 //! with a stable `type` per kind of error.
 
+use crate::engine::StepError;
 use crate::model::{IdError, TaskId, UnknownKind, ValidationError};
 use crate::policy::{Check, RegistryError};
 use crate::scheduler::SchedulerError;
@@ -242,21 +243,25 @@ impl From<SchedulerError> for ApiError {
         match error {
             SchedulerError::Overloaded => ApiError::Overloaded,
             SchedulerError::ShuttingDown => ApiError::Draining,
-            SchedulerError::NotFound(id) => ApiError::TaskNotFound(id),
-            SchedulerError::KeyConflict { key, task_id } => ApiError::KeyConflict { key, task_id },
-            illegal @ SchedulerError::Illegal { .. } => {
-                ApiError::InvalidTransition(illegal.to_string())
-            }
-            SchedulerError::StaleLease { task_id, reason } => {
-                ApiError::StaleLease { task_id, reason }
-            }
-            SchedulerError::UnknownWorker(worker) => ApiError::WorkerNotFound(worker),
-            SchedulerError::TooManyWorkers(_) => ApiError::Overloaded,
-            SchedulerError::SplitRefused(reason) => ApiError::SplitRefused(reason),
-            SchedulerError::InvalidTask(error) => ApiError::InvalidTask(error),
-            SchedulerError::Internal(detail) => ApiError::Internal(detail),
-            SchedulerError::PolicyUnavailable(reason) => ApiError::PolicyUnavailable(reason),
-            SchedulerError::Store(error) => ApiError::Internal(error.to_string()),
+            SchedulerError::Step(step) => step.into(),
+        }
+    }
+}
+
+impl From<StepError> for ApiError {
+    fn from(error: StepError) -> Self {
+        match error {
+            StepError::NotFound(id) => ApiError::TaskNotFound(id),
+            StepError::KeyConflict { key, task_id } => ApiError::KeyConflict { key, task_id },
+            illegal @ StepError::Illegal { .. } => ApiError::InvalidTransition(illegal.to_string()),
+            StepError::StaleLease { task_id, reason } => ApiError::StaleLease { task_id, reason },
+            StepError::UnknownWorker(worker) => ApiError::WorkerNotFound(worker),
+            StepError::TooManyWorkers(_) => ApiError::Overloaded,
+            StepError::SplitRefused(reason) => ApiError::SplitRefused(reason),
+            StepError::InvalidTask(error) => ApiError::InvalidTask(error),
+            StepError::Internal(detail) => ApiError::Internal(detail),
+            StepError::PolicyUnavailable(reason) => ApiError::PolicyUnavailable(reason),
+            StepError::Store(error) => ApiError::Internal(error.to_string()),
         }
     }
 }

@@ -12,7 +12,7 @@ pub struct ServeArgs {
     /// A TOML file of settings (see README); flags and SLUICE_* variables override it.
     #[arg(long, env = "SLUICE_CONFIG")]
     config: Option<PathBuf>,
-    /// Where sled keeps the state [default: ./sluice-data]
+    /// Where the embedded store (sled, the default backend) keeps the state [default: ./sluice-data]
     #[arg(long, env = "SLUICE_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:7700]

@@ -2,8 +2,8 @@
 //! tick, and the promotions it answers move them up a bucket, each as an event.
 
 use super::{Engine, from_bucket};
+use crate::model::Change;
 use crate::model::{Actor, Priority, State, Task, TaskId};
-use crate::store::Change;
 use policy_packed::View;
 
 impl Engine {

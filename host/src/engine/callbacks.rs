@@ -4,7 +4,7 @@
 
 use super::Engine;
 use crate::model::{Actor, Task};
-use crate::store::{Change, TaskWrite};
+use crate::model::{Change, TaskWrite};
 
 /// Attempts at most; then the delivery is given up, with an event.
 pub const MAX_CALLBACK_ATTEMPTS: u32 = 12;

@@ -9,7 +9,7 @@ use crate::model::{
     Actor, Family, FamilyPart, IllegalTransition, MergedAnswer, ShardFilter, State, Task,
     TaskError, TaskId, VectorQuery,
 };
-use crate::store::{Change, NewTask, TaskWrite};
+use crate::model::{Change, NewTask, TaskWrite};
 
 /// The label a child carries so that only a worker holding its data claims it.
 pub const SHARD_LABEL: &str = "shard";

@@ -1,22 +1,25 @@
 //! The deterministic scheduling core: it owns the in-memory indexes (bucket queues, tasks by
-//! state) and turns requests into `Change`s for the store. Time and random bits are arguments;
-//! it never reads a clock, sleeps, spawns or touches the store, so any run can be replayed.
+//! state, workers, timers) and turns every input into a `Change` for the store and a reply,
+//! through one entry, `Engine::step` (`step/`). Time, random bits, the policies (`Decide`) and
+//! the store's read side (`Read`) are arguments; it never reads a clock, sleeps, spawns or
+//! writes the store, so any run can be replayed from its inputs and seed.
 //!
-//! The core plans, then learns: `plan_*` build a `Change` without altering the engine, and
-//! `apply` advances the indexes (queues, leases, timers, counts, event numbers) by that
-//! change, reading everything it needs from the task records it writes. The shell
-//! applies each plan at once, so the next plan in the same group of requests sees it, and
-//! commits the group as one change; if that commit fails, the shell rebuilds the engine from
+//! Inside a step the core plans, then learns: `plan_*` build a `Change` without altering the
+//! engine, and `apply` advances the indexes (queues, leases, timers, counts, event numbers) by
+//! that change, reading everything it needs from the task records it writes. A shell commits
+//! the changes of a group of steps as one; if that commit fails, it rebuilds the engine from
 //! the store, so memory never runs ahead of disk.
 
 mod aging;
 mod breaker;
 mod callbacks;
 mod claims;
+mod decide;
 mod family;
 mod queues;
 mod reaper;
 mod reports;
+mod step;
 mod timers;
 mod views;
 mod workers;
@@ -26,10 +29,16 @@ pub use crate::model::{from_bucket, task_view, to_bucket};
 pub use breaker::{BreakerOptions, BreakerState};
 pub use callbacks::{CALLBACK_ATTEMPT_TIMEOUT_MS, CallbackOutcome, MAX_CALLBACK_ATTEMPTS};
 pub use claims::{NoClaim, Pick};
+pub use decide::{
+    Decide, Decided, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
+};
 pub use family::{ChildPlan, SHARD_LABEL, ready_to_merge};
 pub use queues::{BucketQueues, Waiting};
 pub use reaper::Due;
 pub use reports::{Report, RetryDecision, Verdict, judge_report};
+pub use step::{
+    CallbackJob, Claimed, Input, Read, Reply, Step, StepError, SubmitResult, Submitted,
+};
 pub use views::failure as failure_view;
 pub use workers::{TooManyWorkers, WorkerView};
 
@@ -37,7 +46,7 @@ use crate::model::{
     Actor, Admission, Event, IdGenerator, IllegalTransition, State, Submission, Task, TaskId,
     WorkerEvent,
 };
-use crate::store::{Change, KeyRecord, NewTask, Recovery, TaskWrite};
+use crate::model::{Change, KeyRecord, NewTask, Recovery, TaskWrite};
 use workers::Workers;
 
 /// How a submission's idempotency key relates to what is stored.
@@ -90,6 +99,10 @@ pub struct EngineOptions {
     /// Workers known at once.
     pub max_workers: usize,
     pub breaker: BreakerOptions,
+    /// How often the aging policy sees the waiting tasks, and bucket weights are refreshed.
+    pub aging_interval_ms: u64,
+    /// Task kinds split on admission by the split policy (and merged by the merge policy).
+    pub split_kinds: Vec<String>,
 }
 
 impl Default for EngineOptions {
@@ -102,6 +115,8 @@ impl Default for EngineOptions {
             max_claim: 64,
             max_workers: 10_000,
             breaker: BreakerOptions::default(),
+            aging_interval_ms: 1_000,
+            split_kinds: vec!["vector.search".to_owned()],
         }
     }
 }
@@ -123,6 +138,8 @@ pub struct Engine {
     bucket_weights: [u32; 3],
     tasks_by_state: [u64; 12],
     illegal_transitions: u64,
+    /// When the next tick ages the queues.
+    next_aging_ms: u64,
 }
 
 impl Default for Engine {
@@ -145,6 +162,7 @@ impl Engine {
             bucket_weights: DEFAULT_BUCKET_WEIGHTS,
             tasks_by_state: [0; 12],
             illegal_transitions: 0,
+            next_aging_ms: 0,
         }
     }
 
@@ -184,6 +202,11 @@ impl Engine {
     /// The weights the buckets are served by, as the priority policy last gave them.
     pub fn set_bucket_weights(&mut self, weights: [u32; 3]) {
         self.bucket_weights = weights;
+    }
+
+    /// Whether tasks of `kind` are split on admission.
+    pub fn splits(&self, kind: &str) -> bool {
+        self.options.split_kinds.iter().any(|k| k == kind)
     }
 
     pub fn queues(&self) -> &BucketQueues {
@@ -507,9 +530,5 @@ impl Engine {
     }
 }
 
-#[cfg(test)]
-mod dispatch_tests;
-#[cfg(test)]
-mod sim;
 #[cfg(test)]
 mod tests;

@@ -2,8 +2,8 @@
 //! the lease token they carry, and the failure path through the retry decision.
 
 use super::Engine;
+use crate::model::Change;
 use crate::model::{Actor, FailureClass, IllegalTransition, State, Task, TaskError, WorkerEvent};
-use crate::store::Change;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Report {
@@ -98,7 +98,7 @@ impl Engine {
                 .min(lease.attempt_ends_at_ms.max(lease.expires_at_ms));
         }
         Change {
-            writes: vec![crate::store::TaskWrite {
+            writes: vec![crate::model::TaskWrite {
                 previous: Some(task.state),
                 task: after,
             }],

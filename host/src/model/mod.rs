@@ -2,6 +2,7 @@
 //! submissions; workers' heartbeats; the records of policy versions; and the vector-search
 //! payloads that split and merge read.
 
+mod change;
 mod event;
 mod failure;
 mod id;
@@ -14,6 +15,7 @@ mod task;
 mod vector;
 mod worker;
 
+pub use change::{Change, KeyRecord, NewTask, Recovery, TaskWrite};
 pub use event::{Actor, Event};
 pub use failure::FailureClass;
 pub use id::{IdError, IdGenerator, TaskId};
@@ -30,3 +32,8 @@ pub use vector::{
     ShardQuery, VectorQuery, id_hash,
 };
 pub use worker::{Gpu, Heartbeat, WorkerEvent, check_worker_id};
+
+/// The target of the spans that follow a task — `submit`, `admit`, `claim`, `start`,
+/// `complete`, `fail` — each with a `task_id` field. They are at debug level, so they cost
+/// nothing unless `SLUICE_LOG` asks for them (`info,sluice::task=debug`).
+pub const TASK_SPANS: &str = "sluice::task";

@@ -6,12 +6,12 @@
 use super::bindings::split::exports::sluice::policy::split::{self as wit_split, SplitRequest};
 use super::bindings::split::sluice::policy::types::{self as wit_types, TaskMeta};
 use super::registry::PolicyRegistry;
+use crate::engine::{
+    Decide, Decided, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
+};
 use crate::engine::{RetryDecision, from_bucket, to_bucket};
 use crate::model::ShardFilter;
 use crate::model::{Admission, TaskSpec};
-use crate::scheduler::{
-    Decided, Decider, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
-};
 use policy_packed::{Bucket, Failure, Hit, View, name_code};
 use std::sync::Arc;
 
@@ -43,7 +43,7 @@ impl PolicyDecider {
     }
 }
 
-impl Decider for PolicyDecider {
+impl Decide for PolicyDecider {
     fn admit(&self, now_ms: u64, first_seq: u64, specs: &[&TaskSpec]) -> Vec<Admission> {
         let views: Vec<View> = specs
             .iter()

@@ -10,6 +10,7 @@ mod decider;
 mod decisions;
 pub mod defaults;
 mod instance;
+mod metrics;
 mod pool;
 mod registry;
 mod runtime;
@@ -22,6 +23,7 @@ pub(crate) use decider::{shard_filter, split_request};
 pub use instance::{
     AgingInstance, MergeInstance, Policy, PriorityInstance, RetryInstance, SplitInstance,
 };
+pub use metrics::{PolicyMetrics, TIMED_ONE_IN, VersionMetrics};
 pub use registry::{
     Check, KindDetail, KindStatus, MAX_CONFIG_BYTES, PolicyRegistry, RegistryError,
     RegistryOptions, Uploaded, sha256_hex,

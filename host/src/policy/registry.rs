@@ -91,7 +91,7 @@ pub struct RegistryOptions {
     pub configs: BTreeMap<Kind, String>,
     pub fault_limit: FaultLimit,
     /// Where each call's latency and faults are counted.
-    pub metrics: Arc<crate::telemetry::PolicyMetrics>,
+    pub metrics: Arc<super::PolicyMetrics>,
 }
 
 /// An upload's outcome: the version, and whether it is new (not the same bytes and config
@@ -518,7 +518,7 @@ struct OpenContext<'a> {
     builtins: &'a BTreeMap<Kind, Builtin>,
     limit: FaultLimit,
     mutations: &'a Arc<Mutex<()>>,
-    metrics: &'a Arc<crate::telemetry::PolicyMetrics>,
+    metrics: &'a Arc<super::PolicyMetrics>,
 }
 
 impl OpenContext<'_> {

@@ -1,4 +1,4 @@
-//! The registry with real components and a real sled catalog: upload, activate, rollback,
+//! The registry with real components and a real catalog in the default store: upload, activate, rollback,
 //! refusals, fault fallback and deactivation, restart, and swaps under concurrent decisions.
 
 use super::*;

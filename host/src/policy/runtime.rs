@@ -138,7 +138,7 @@ impl PolicyRuntime {
             Ok(Some(code)) => {
                 // SAFETY: wasmtime requires that the bytes come from `Component::serialize` of
                 // a compatible engine. The cache is only ever written below, with the output
-                // of `serialize`, under a key naming this engine's settings; sled checksums
+                // of `serialize`, under a key naming this engine's settings; the store checksums
                 // what it stores, and wasmtime checks the version and settings again.
                 match unsafe { Component::deserialize(&self.engine, &code) } {
                     Ok(component) => return self.prepare(kind, component),

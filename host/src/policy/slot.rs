@@ -3,11 +3,11 @@
 //! Each decision loads the chain once and finishes on it, so a swap never splits a decision.
 
 use super::instance::Policy;
+use super::metrics::{PolicyMetrics, TIMED_ONE_IN, VersionMetrics};
 use super::pool::InstancePool;
 use super::runtime::{Compiled, PolicyError, PolicyRuntime};
 use crate::model::{PolicyAction, PolicyEvent};
 use crate::store::PolicyCatalog;
-use crate::telemetry::{PolicyMetrics, TIMED_ONE_IN, VersionMetrics};
 use arc_swap::ArcSwap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

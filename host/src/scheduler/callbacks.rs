@@ -4,9 +4,8 @@
 //! defers the attempt to its retry time), and an answer that cannot be handed back is simply
 //! retried later, since delivery is at least once.
 
-use super::Command;
-use crate::engine::{CALLBACK_ATTEMPT_TIMEOUT_MS, CallbackOutcome};
-use crate::model::TaskId;
+use super::{Answer, Command};
+use crate::engine::{CALLBACK_ATTEMPT_TIMEOUT_MS, CallbackJob as Job, CallbackOutcome, Input};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
@@ -15,13 +14,6 @@ use tokio::sync::{Semaphore, mpsc};
 const MAX_IN_FLIGHT: usize = 16;
 /// Jobs waiting for a slot at most.
 pub(crate) const QUEUE_CAPACITY: usize = 1_024;
-
-pub(crate) struct Job {
-    pub id: TaskId,
-    pub attempt: u32,
-    pub url: String,
-    pub body: Vec<u8>,
-}
 
 /// Starts the deliverer; it stops when every job sender is gone.
 pub(crate) fn spawn(commands: mpsc::Sender<Command>) -> std::io::Result<mpsc::Sender<Job>> {
@@ -49,10 +41,13 @@ pub(crate) fn spawn(commands: mpsc::Sender<Command>) -> std::io::Result<mpsc::Se
                         let outcome = deliver(&http, &job).await;
                         // A full or closed queue loses only this answer: the attempt is
                         // retried once its timeout passes.
-                        let _ = commands.try_send(Command::CallbackDone {
-                            id: job.id,
-                            attempt: job.attempt,
-                            outcome,
+                        let _ = commands.try_send(Command::Step {
+                            input: Input::CallbackDone {
+                                id: job.id,
+                                attempt: job.attempt,
+                                outcome,
+                            },
+                            answer: Answer::Done(None),
                         });
                         drop(slot);
                     });

@@ -1,10 +1,10 @@
-//! Split families through the writer over a real sled store, on a clock the test moves: a
+//! Split families through the writer over a real store (the default backend), on a clock the test moves: a
 //! child's answer is counted on its parent, the merge deadline merges what has answered and
 //! cancels the rest, and a restart in the middle loses no count.
 
 use super::*;
-use crate::engine::Report;
-use crate::model::{Admission, Heartbeat, Limits, MergedAnswer, ShardFilter, TaskSpec};
+use crate::engine::{Decided, NativeDecider, Report, SplitAnswer, SplitInput};
+use crate::model::{Admission, Heartbeat, Limits, MergedAnswer, ShardFilter, State, TaskSpec};
 use crate::store::{SledOptions, SledStore};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,7 +24,7 @@ struct Shards {
     shards: u32,
 }
 
-impl Decider for Shards {
+impl Decide for Shards {
     fn admit(&self, now_ms: u64, first_seq: u64, specs: &[&TaskSpec]) -> Vec<Admission> {
         self.native.admit(now_ms, first_seq, specs)
     }

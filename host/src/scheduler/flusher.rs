@@ -1,5 +1,5 @@
 //! Group commit: one thread calls `sync` for every write that arrived while the last one ran,
-//! then answers all of their requests. (sled's `flush_async` stalls with many concurrent
+//! then answers all of their requests. (the default backend's flush stalls with many concurrent
 //! callers, so only this thread ever flushes.)
 
 use crate::store::{Store, StoreError};

@@ -11,24 +11,19 @@
 
 mod callbacks;
 mod clock;
-mod decider;
-mod dispatch;
-mod family;
 mod flusher;
 mod task_cache;
 mod work_signal;
 mod writer;
 
+pub use crate::engine::{Claimed, Submitted};
 pub use clock::{Clock, SystemClock};
-pub use decider::{
-    Decided, Decider, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
-};
 pub use work_signal::WorkSignal;
 
-use crate::engine::{Engine, EngineOptions, NoClaim, Report, Snapshot, WorkerView};
-use crate::model::{
-    Actor, Heartbeat, IllegalTransition, State, Submission, Task, TaskId, WorkerEvent,
+use crate::engine::{
+    Decide, Engine, EngineOptions, Input, Report, Snapshot, StepError, WorkerView,
 };
+use crate::model::{Actor, Heartbeat, Submission, Task, TaskId, WorkerEvent};
 use crate::store::{ListPage, ListQuery, Store, StoreError};
 use arc_swap::ArcSwap;
 use std::sync::{Arc, Mutex};
@@ -41,58 +36,24 @@ pub enum SchedulerError {
     Overloaded,
     #[error("the scheduler is shutting down")]
     ShuttingDown,
-    #[error("no task {0}")]
-    NotFound(TaskId),
-    #[error(
-        "idempotency key `{key}` already belongs to task {task_id}, submitted with another body"
-    )]
-    KeyConflict { key: String, task_id: TaskId },
-    #[error("task {task_id} is {state}: {source}")]
-    Illegal {
-        task_id: TaskId,
-        state: State,
-        source: IllegalTransition,
-    },
-    #[error("report refused for task {task_id}: {reason}")]
-    StaleLease { task_id: TaskId, reason: String },
-    #[error("no worker {0}: it has never sent a heartbeat, or was forgotten")]
-    UnknownWorker(String),
+    /// The engine refused the request, or could not finish it.
     #[error(transparent)]
-    TooManyWorkers(#[from] crate::engine::TooManyWorkers),
-    #[error("the split policy refused the task: {0}")]
-    SplitRefused(String),
-    #[error(transparent)]
-    InvalidTask(crate::model::ValidationError),
-    /// A bug, not bad input: something the scheduler itself wrote could not be read back.
-    #[error("{0}")]
-    Internal(String),
-    #[error("{0}")]
-    PolicyUnavailable(String),
-    #[error(transparent)]
-    Store(#[from] Arc<StoreError>),
+    Step(#[from] StepError),
 }
 
 impl From<StoreError> for SchedulerError {
     fn from(error: StoreError) -> Self {
-        SchedulerError::Store(Arc::new(error))
+        SchedulerError::Step(StepError::from(error))
     }
 }
 
-/// A submission's answer: the task, and whether it already existed under the same key.
-#[derive(Clone, Debug)]
-pub struct Submitted {
-    pub task: Task,
-    pub replayed: bool,
+impl From<Arc<StoreError>> for SchedulerError {
+    fn from(error: Arc<StoreError>) -> Self {
+        SchedulerError::Step(StepError::Store(error))
+    }
 }
 
 pub type SubmitResult = Result<Submitted, SchedulerError>;
-
-/// A claim's answer: the leased tasks (their records carry the leases), or why there are none.
-#[derive(Clone, Debug, Default)]
-pub struct Claimed {
-    pub leases: Vec<Task>,
-    pub refused: Option<NoClaim>,
-}
 
 #[derive(Clone, Debug)]
 pub struct SchedulerOptions {
@@ -101,14 +62,10 @@ pub struct SchedulerOptions {
     pub engine: EngineOptions,
     /// How often the reaper looks at the timers.
     pub tick_ms: u64,
-    /// How often the aging policy sees the waiting tasks, and bucket weights are refreshed.
-    pub aging_interval_ms: u64,
     /// Answer claims once a sync covers their leases. Otherwise once the leases are written
     /// to the log: they then survive a crash of the process but not a power loss, which only
     /// re-runs the attempt (the task is queued again, and the worker's reports get 409).
     pub sync_claims: bool,
-    /// Task kinds split on admission by the split policy (and merged by the merge policy).
-    pub split_kinds: Vec<String>,
     /// Where committed changes are counted.
     pub metrics: Arc<crate::telemetry::TaskMetrics>,
     /// Where each sync's time is recorded.
@@ -121,9 +78,7 @@ impl Default for SchedulerOptions {
             queue_capacity: 4096,
             engine: EngineOptions::default(),
             tick_ms: 100,
-            aging_interval_ms: 1_000,
             sync_claims: false,
-            split_kinds: vec!["vector.search".to_owned()],
             metrics: Arc::default(),
             pipeline_metrics: Arc::default(),
         }
@@ -131,56 +86,29 @@ impl Default for SchedulerOptions {
 }
 
 pub(crate) enum Command {
-    Submit {
-        submissions: Vec<Submission>,
-        reply: oneshot::Sender<Vec<SubmitResult>>,
+    /// An input for the engine's step, and where its answer goes.
+    Step {
+        input: Input,
+        answer: Answer,
     },
-    Cancel {
-        id: TaskId,
-        actor: Actor,
-        reply: oneshot::Sender<Result<Task, SchedulerError>>,
-    },
-    Heartbeat {
-        worker: String,
-        heartbeat: Heartbeat,
-        reply: oneshot::Sender<Result<Vec<WorkerView>, SchedulerError>>,
-    },
-    Claim {
-        worker: String,
-        max: usize,
-        reply: oneshot::Sender<Result<Claimed, SchedulerError>>,
-    },
-    Report {
-        id: TaskId,
-        token: String,
-        report: Report,
-        reply: oneshot::Sender<Result<Task, SchedulerError>>,
-    },
-    /// Several reports in one request, each judged on its own, answered in order.
-    ReportMany {
-        reports: Vec<(TaskId, String, Report)>,
-        reply: oneshot::Sender<Vec<Result<Task, SchedulerError>>>,
-    },
-    ResetWorker {
-        worker: String,
-        actor: Actor,
-        reply: oneshot::Sender<Result<Vec<WorkerView>, SchedulerError>>,
-    },
-    Workers {
-        reply: oneshot::Sender<Vec<WorkerView>>,
-    },
-    /// Time has passed: run what is due, and age the queues when their interval has passed.
-    /// A caller that asks is answered once the tick's changes are durable.
+    /// Time has passed: the writer runs a tick step, telling it how many callbacks the
+    /// deliverer has room for. A caller that asks is answered once the tick is durable.
     Tick {
         reply: Option<oneshot::Sender<Result<(), SchedulerError>>>,
     },
-    /// How a completion callback's delivery attempt went.
-    CallbackDone {
-        id: TaskId,
-        attempt: u32,
-        outcome: crate::engine::CallbackOutcome,
-    },
     Shutdown,
+}
+
+/// Where a step's reply goes, and when: once a sync covers the step's change, once it is
+/// written (claims, unless `sync_claims`), or at once (heartbeats: they change only memory).
+pub(crate) enum Answer {
+    Submitted(oneshot::Sender<Vec<SubmitResult>>),
+    Task(oneshot::Sender<Result<Task, SchedulerError>>),
+    Reports(oneshot::Sender<Vec<Result<Task, SchedulerError>>>),
+    Claimed(oneshot::Sender<Result<Claimed, SchedulerError>>),
+    Workers(oneshot::Sender<Result<Vec<WorkerView>, SchedulerError>>),
+    WorkersNow(oneshot::Sender<Result<Vec<WorkerView>, SchedulerError>>),
+    Done(Option<oneshot::Sender<Result<(), SchedulerError>>>),
 }
 
 pub struct Scheduler {
@@ -202,7 +130,7 @@ impl Scheduler {
     pub fn start(
         store: Arc<dyn Store>,
         clock: Box<dyn Clock>,
-        decider: Arc<dyn Decider>,
+        decider: Arc<dyn Decide>,
         options: &SchedulerOptions,
     ) -> Result<Scheduler, SchedulerError> {
         let reading = std::time::Instant::now();
@@ -211,9 +139,8 @@ impl Scheduler {
         let indexing = std::time::Instant::now();
         let tasks = recovery.tasks_by_state.iter().sum::<u64>();
         let last_event_seq = recovery.last_event_seq;
-        let (mut engine, unadmitted) = Engine::recover(recovery, options.engine.clone());
+        let (engine, unadmitted) = Engine::recover(recovery, options.engine.clone());
         let index_ms = indexing.elapsed().as_millis() as u64;
-        engine.set_bucket_weights(decider.bucket_weights(clock.now_ms()));
         tracing::info!(
             tasks,
             queued = engine.queues().total(),
@@ -238,13 +165,11 @@ impl Scheduler {
             snapshot.clone(),
             work_queued.clone(),
             callback_jobs,
-            options.aging_interval_ms,
         );
-        writer.split_kinds = options.split_kinds.clone();
         writer.sync_claims = options.sync_claims;
         writer.metrics = options.metrics.clone();
         writer.durable_event_seq = Some(durable_tx);
-        writer.admit_recovered(&unadmitted)?;
+        writer.start(unadmitted)?;
         let flusher_store = store.clone();
         let sync_metrics = options.pipeline_metrics.clone();
         let flusher = std::thread::Builder::new()
@@ -290,13 +215,13 @@ impl Scheduler {
         submissions: Vec<Submission>,
     ) -> Result<Vec<SubmitResult>, SchedulerError> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Submit { submissions, reply })?;
+        self.step(Input::Submit(submissions), Answer::Submitted(reply))?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)
     }
 
     pub async fn cancel(&self, id: TaskId, actor: Actor) -> Result<Task, SchedulerError> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Cancel { id, actor, reply })?;
+        self.step(Input::Cancel { id, actor }, Answer::Task(reply))?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
@@ -307,18 +232,17 @@ impl Scheduler {
         heartbeat: Heartbeat,
     ) -> Result<Vec<WorkerView>, SchedulerError> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Heartbeat {
-            worker,
-            heartbeat,
-            reply,
-        })?;
+        self.step(
+            Input::Heartbeat { worker, heartbeat },
+            Answer::WorkersNow(reply),
+        )?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
     /// Leases up to `max` tasks to `worker` at once, or says why it gets none.
     pub async fn claim(&self, worker: String, max: usize) -> Result<Claimed, SchedulerError> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Claim { worker, max, reply })?;
+        self.step(Input::Claim { worker, max }, Answer::Claimed(reply))?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
@@ -344,12 +268,10 @@ impl Scheduler {
         report: Report,
     ) -> Result<Task, SchedulerError> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Report {
-            id,
-            token,
-            report,
-            reply,
-        })?;
+        self.step(
+            Input::Reports(vec![(id, token, report)]),
+            Answer::Task(reply),
+        )?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
@@ -359,7 +281,7 @@ impl Scheduler {
         reports: Vec<(TaskId, String, Report)>,
     ) -> Result<Vec<Result<Task, SchedulerError>>, SchedulerError> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::ReportMany { reports, reply })?;
+        self.step(Input::Reports(reports), Answer::Reports(reply))?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)
     }
 
@@ -369,18 +291,14 @@ impl Scheduler {
         actor: Actor,
     ) -> Result<Vec<WorkerView>, SchedulerError> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::ResetWorker {
-            worker,
-            actor,
-            reply,
-        })?;
+        self.step(Input::ResetWorker { worker, actor }, Answer::Workers(reply))?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
     pub async fn workers(&self) -> Result<Vec<WorkerView>, SchedulerError> {
         let (reply, answer) = oneshot::channel();
-        self.send(Command::Workers { reply })?;
-        answer.await.map_err(|_| SchedulerError::ShuttingDown)
+        self.step(Input::Workers, Answer::WorkersNow(reply))?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
     /// Follows the last event `seq` made durable.
@@ -417,7 +335,9 @@ impl Scheduler {
     }
 
     pub fn task(&self, id: TaskId) -> Result<Task, SchedulerError> {
-        self.store.task(id)?.ok_or(SchedulerError::NotFound(id))
+        self.store
+            .task(id)?
+            .ok_or(SchedulerError::Step(StepError::NotFound(id)))
     }
 
     pub fn payload(&self, id: TaskId) -> Result<Option<Vec<u8>>, SchedulerError> {
@@ -432,7 +352,7 @@ impl Scheduler {
     ) -> Result<Vec<crate::model::Event>, SchedulerError> {
         self.store
             .events_of(id, after_seq, limit)?
-            .ok_or(SchedulerError::NotFound(id))
+            .ok_or(SchedulerError::Step(StepError::NotFound(id)))
     }
 
     pub fn list(&self, query: &ListQuery) -> Result<ListPage, SchedulerError> {
@@ -461,6 +381,10 @@ impl Scheduler {
         }
     }
 
+    fn step(&self, input: Input, answer: Answer) -> Result<(), SchedulerError> {
+        self.send(Command::Step { input, answer })
+    }
+
     fn send(&self, command: Command) -> Result<(), SchedulerError> {
         self.commands
             .try_send(command)
@@ -473,7 +397,7 @@ impl Scheduler {
 
 impl From<std::io::Error> for SchedulerError {
     fn from(error: std::io::Error) -> Self {
-        SchedulerError::Store(Arc::new(StoreError::Io(error)))
+        SchedulerError::from(StoreError::Io(error))
     }
 }
 

@@ -1,6 +1,6 @@
 //! The writer's cache of the task records it wrote lately. A task is claimed soon after it is
 //! submitted and reported soon after it is claimed, so most reads the writer makes hit here
-//! instead of decoding the record from sled. Only the writer writes tasks, and it updates this
+//! instead of decoding the record from the store. Only the writer writes tasks, and it updates this
 //! cache as it plans, so an entry is never older than the store; a failed commit clears it.
 
 use crate::model::{Task, TaskId};

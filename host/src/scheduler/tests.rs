@@ -1,9 +1,11 @@
-//! The writer and flusher threads over a real sled store, with a fault-injecting wrapper where
+//! The writer and flusher threads over a real store (the default backend), with a fault-injecting wrapper where
 //! a test needs a commit to fail or a sync to wait.
 
 use super::*;
-use crate::model::{Limits, TaskSpec};
-use crate::store::{Change, KeyRecord, ListPage, ListQuery, Recovery, SledOptions, SledStore};
+use crate::engine::{NativeDecider, StepError};
+use crate::model::{Change, KeyRecord, Recovery};
+use crate::model::{Limits, State, TaskSpec};
+use crate::store::{ListPage, ListQuery, SledOptions, SledStore};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A clock that reads a fixed time.
@@ -106,7 +108,7 @@ fn start_with(store: Arc<dyn Store>, options: &SchedulerOptions) -> Scheduler {
     Scheduler::start(
         store,
         Box::new(FixedClock(1_000)),
-        Arc::new(super::NativeDecider::default()),
+        Arc::new(NativeDecider::default()),
         options,
     )
     .unwrap()
@@ -216,7 +218,7 @@ async fn one_group_sees_its_own_keys_replaying_and_conflicting() {
     assert!(replay.replayed);
     assert_eq!(replay.task.id, first.task.id);
     assert!(
-        matches!(&answers[2], Err(SchedulerError::KeyConflict { task_id, .. }) if *task_id == first.task.id)
+        matches!(&answers[2], Err(SchedulerError::Step(StepError::KeyConflict { task_id, .. })) if *task_id == first.task.id)
     );
     assert!(!answers[3].as_ref().unwrap().replayed);
     let snapshot = scheduler.snapshot();
@@ -239,9 +241,15 @@ async fn a_failed_commit_is_answered_with_errors_and_leaves_no_trace() {
     let lost = scheduler
         .submit(submission(Some("lost"), serde_json::json!(1)))
         .await;
-    assert!(matches!(lost, Err(SchedulerError::Store(_))), "{lost:?}");
+    assert!(
+        matches!(lost, Err(SchedulerError::Step(StepError::Store(_)))),
+        "{lost:?}"
+    );
     let refused_cancel = scheduler.cancel(kept.task.id, Actor::api()).await;
-    assert!(matches!(refused_cancel, Err(SchedulerError::Store(_))));
+    assert!(matches!(
+        refused_cancel,
+        Err(SchedulerError::Step(StepError::Store(_)))
+    ));
     store.fail_commits.store(false, Ordering::SeqCst);
 
     // The engine was rebuilt from the store: no gap in event numbers, no phantom task.

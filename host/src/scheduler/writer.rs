@@ -1,16 +1,16 @@
 //! The writer thread: the only owner of the engine and the only caller of `Store::commit`.
-//! It takes the requests waiting in its inbox as one group, plans each one against the engine
-//! and against what the group has planned so far, commits the group as one change, and hands
-//! the group's answers to the flusher.
+//! It takes the requests waiting in its inbox as one group, runs each through the engine's
+//! step (which reads what the group has planned so far before the store), commits the group as
+//! one change, and hands the group's answers to the flusher. It decides nothing itself.
 
 use super::flusher::Delivery;
-use super::{Clock, Command, Decider, SchedulerError, SubmitResult, Submitted};
-use crate::engine::{Engine, KeyVerdict, Snapshot, judge_key};
-use crate::model::{Actor, Admission, State, Submission, Task, TaskId, TaskSpec};
-use crate::store::{Change, KeyRecord, Store, StoreError};
+use super::{Answer, Clock, Command, SchedulerError};
+use crate::engine::{Decide, Engine, Input, Read, Reply, Snapshot, Step};
+use crate::model::{Change, KeyRecord, State, Task, TaskId};
+use crate::store::{Store, StoreError};
 use arc_swap::ArcSwap;
+use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::SyncSender;
@@ -38,12 +38,10 @@ struct Waiting {
 
 impl Waiting {
     fn push(&mut self, command: Command) {
-        match command {
-            Command::Claim { .. }
-            | Command::Report { .. }
-            | Command::ReportMany { .. }
-            | Command::Heartbeat { .. }
-            | Command::Workers { .. } => self.workers.push_back(command),
+        match &command {
+            Command::Step { input, .. } if input.is_worker_traffic() => {
+                self.workers.push_back(command)
+            }
             _ => self.others.push_back(command),
         }
     }
@@ -109,21 +107,44 @@ fn delivery<T: Durable + Send + 'static>(reply: oneshot::Sender<T>, answer: T) -
     })
 }
 
+/// The store as a step in this group sees it: the group's planned writes and keys first, then
+/// the writer's cache of recent records, then the store.
+struct GroupRead<'a> {
+    group: &'a Group,
+    cache: &'a super::task_cache::TaskCache,
+    store: &'a dyn Store,
+}
+
+impl Read for GroupRead<'_> {
+    fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
+        if let Some(&index) = self.group.latest_write.get(&id) {
+            return Ok(Some(self.group.change.writes[index].task.clone()));
+        }
+        if let Some(task) = self.cache.get(id) {
+            return Ok(Some(task.clone()));
+        }
+        self.store.task(id)
+    }
+
+    fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        match self.group.keys.get(key) {
+            Some(record) => Ok(Some(*record)),
+            None => self.store.key(key),
+        }
+    }
+}
+
 pub(crate) struct Writer {
-    pub(super) engine: Engine,
+    engine: Engine,
     store: Arc<dyn Store>,
-    pub(super) clock: Box<dyn Clock>,
-    pub(super) decider: Arc<dyn Decider>,
-    pub(super) random: SmallRng,
+    clock: Box<dyn Clock>,
+    decider: Arc<dyn Decide>,
+    random: SmallRng,
     flusher: SyncSender<Delivery>,
     snapshot: Arc<ArcSwap<Snapshot>>,
     work_queued: Arc<super::WorkSignal>,
-    pub(super) callback_jobs: mpsc::Sender<super::callbacks::Job>,
-    pub(super) aging_interval_ms: u64,
-    pub(super) next_aging_ms: u64,
+    callback_jobs: mpsc::Sender<crate::engine::CallbackJob>,
     cache: super::task_cache::TaskCache,
-    /// Task kinds split on admission by the split policy.
-    pub(super) split_kinds: Vec<String>,
     /// See `SchedulerOptions::sync_claims`.
     pub(super) sync_claims: bool,
     pub(super) metrics: Arc<crate::telemetry::TaskMetrics>,
@@ -137,12 +158,11 @@ impl Writer {
         engine: Engine,
         store: Arc<dyn Store>,
         clock: Box<dyn Clock>,
-        decider: Arc<dyn Decider>,
+        decider: Arc<dyn Decide>,
         flusher: SyncSender<Delivery>,
         snapshot: Arc<ArcSwap<Snapshot>>,
         work_queued: Arc<super::WorkSignal>,
-        callback_jobs: mpsc::Sender<super::callbacks::Job>,
-        aging_interval_ms: u64,
+        callback_jobs: mpsc::Sender<crate::engine::CallbackJob>,
     ) -> Self {
         Writer {
             engine,
@@ -154,10 +174,7 @@ impl Writer {
             snapshot,
             work_queued,
             callback_jobs,
-            aging_interval_ms,
-            next_aging_ms: 0,
             cache: super::task_cache::TaskCache::default(),
-            split_kinds: Vec::new(),
             sync_claims: false,
             metrics: Arc::default(),
             durable_event_seq: None,
@@ -210,106 +227,107 @@ impl Writer {
         inbox.close();
     }
 
-    /// Plans one command into the group; false once told to shut down.
+    /// Runs one command's step into the group and queues its answer; false once told to shut
+    /// down.
     fn handle(&mut self, command: Command, group: &mut Group) -> bool {
-        match command {
-            Command::Submit { submissions, reply } => {
-                // One policy call for the whole command; a replayed submission's admission
-                // is simply not used.
-                let specs: Vec<&TaskSpec> = submissions.iter().map(|s| &s.spec).collect();
-                let admissions =
-                    self.decider
-                        .admit(self.clock.now_ms(), self.engine.next_event_seq(), &specs);
-                let results: Vec<SubmitResult> = submissions
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, submission)| {
-                        let admission = admissions.get(i).copied().unwrap_or_else(|| {
-                            let spec = &submission.spec;
-                            Admission::native(spec.priority, spec.est_exec_ms, 0)
-                        });
-                        self.submit(submission, &admission, group)
-                    })
-                    .collect();
-                group.answer(reply, results);
-                true
-            }
-            Command::Cancel { id, actor, reply } => {
-                let result = self.cancel(id, actor, group);
-                group.answer(reply, result);
-                true
-            }
-            Command::Heartbeat {
-                worker,
-                heartbeat,
-                reply,
-            } => {
-                let now_ms = self.clock.now_ms();
-                let answer = self
-                    .engine
-                    .heartbeat(now_ms, &worker, heartbeat)
-                    .map(|()| self.engine.worker(now_ms, &worker).into_iter().collect())
-                    .map_err(SchedulerError::from);
-                let _ = reply.send(answer);
-                true
-            }
-            Command::Claim { worker, max, reply } => {
-                let answer = self.claim(&worker, max, group);
-                if self.sync_claims {
-                    group.answer(reply, answer);
-                } else {
-                    group.answer_written(reply, answer);
-                }
-                true
-            }
-            Command::Report {
-                id,
-                token,
-                report,
-                reply,
-            } => {
-                let answer = self.report(id, &token, report, group);
-                group.answer(reply, answer);
-                true
-            }
-            Command::ReportMany { reports, reply } => {
-                let answers = reports
-                    .into_iter()
-                    .map(|(id, token, report)| self.report(id, &token, report, group))
-                    .collect();
-                group.answer(reply, answers);
-                true
-            }
-            Command::ResetWorker {
-                worker,
-                actor,
-                reply,
-            } => {
-                let answer = self.reset_worker(&worker, actor, group);
-                group.answer(reply, answer);
-                true
-            }
-            Command::Workers { reply } => {
-                let _ = reply.send(self.engine.workers(self.clock.now_ms()));
-                true
-            }
+        let (input, answer) = match command {
+            Command::Step { input, answer } => (input, answer),
             Command::Tick { reply } => {
-                self.tick(group);
-                if let Some(reply) = reply {
-                    group.answer(reply, Ok(()));
+                let input = Input::Tick {
+                    callback_slots: self.callback_jobs.capacity(),
+                };
+                (input, Answer::Done(reply))
+            }
+            Command::Shutdown => return false,
+        };
+        let reply = self.step(input, group);
+        match (answer, reply) {
+            (Answer::Submitted(reply), Reply::Submitted(results)) => {
+                group.answer(
+                    reply,
+                    results.into_iter().map(|r| r.map_err(Into::into)).collect(),
+                );
+            }
+            (Answer::Task(reply), Reply::Task(result)) => {
+                group.answer(reply, result.map_err(Into::into))
+            }
+            (Answer::Task(reply), Reply::Reports(mut results)) => {
+                let result = results.pop().unwrap_or_else(|| {
+                    Err(crate::engine::StepError::Internal(
+                        "a report got no answer".into(),
+                    ))
+                });
+                group.answer(reply, result.map_err(Into::into));
+            }
+            (Answer::Reports(reply), Reply::Reports(results)) => {
+                group.answer(
+                    reply,
+                    results.into_iter().map(|r| r.map_err(Into::into)).collect(),
+                );
+            }
+            (Answer::Claimed(reply), Reply::Claimed(result)) => {
+                let result = result.map_err(Into::into);
+                if self.sync_claims {
+                    group.answer(reply, result);
+                } else {
+                    group.answer_written(reply, result);
                 }
-                true
             }
-            Command::CallbackDone {
-                id,
-                attempt,
-                outcome,
-            } => {
-                self.callback_done(id, attempt, &outcome, group);
-                true
+            // Heartbeats and the worker table change only memory: answered at once.
+            (Answer::WorkersNow(reply), Reply::Workers(result)) => {
+                let _ = reply.send(result.map_err(Into::into));
             }
-            Command::Shutdown => false,
+            (Answer::Workers(reply), Reply::Workers(result)) => {
+                group.answer(reply, result.map_err(Into::into));
+            }
+            (Answer::Done(Some(reply)), _) => group.answer(reply, Ok(())),
+            (Answer::Done(None), _) => {}
+            (_, reply) => {
+                tracing::error!(?reply, "a step answered with a reply of another kind");
+            }
         }
+        true
+    }
+
+    /// Runs `input` through the engine against the group, and adds what it planned.
+    fn step(&mut self, input: Input, group: &mut Group) -> Reply {
+        let read = GroupRead {
+            group,
+            cache: &self.cache,
+            store: self.store.as_ref(),
+        };
+        let Step {
+            change,
+            reply,
+            callbacks,
+        } = self.engine.step(
+            input,
+            self.clock.now_ms(),
+            &mut self.random,
+            self.decider.as_ref(),
+            &read,
+        );
+        let first_write = group.change.writes.len();
+        for (offset, write) in change.writes.iter().enumerate() {
+            group
+                .latest_write
+                .insert(write.task.id, first_write + offset);
+            self.cache.put(&write.task);
+        }
+        for new in &change.new_tasks {
+            group.payload_bytes += new.payload_json.len();
+            if let Some((key, record)) = &new.key {
+                group.keys.insert(key.clone(), *record);
+            }
+        }
+        group.change.merge(change);
+        for job in callbacks {
+            // The step took no more than the queue had room for, and only this thread sends.
+            if let Err(error) = self.callback_jobs.try_send(job) {
+                tracing::error!(%error, "the callback deliverer refused a job; it is retried later");
+            }
+        }
+        reply
     }
 
     fn finish(&mut self, group: Group) {
@@ -381,18 +399,13 @@ impl Writer {
         }
     }
 
-    /// Tasks that were durable but not admitted when the last process stopped.
-    pub(crate) fn admit_recovered(&mut self, ids: &[TaskId]) -> Result<(), SchedulerError> {
+    /// Takes the policies' bucket weights and admits the tasks that were durable but not
+    /// admitted when the last process stopped, durably, before any request is served.
+    pub(crate) fn start(&mut self, unadmitted: Vec<TaskId>) -> Result<(), SchedulerError> {
         let mut group = Group::default();
-        for &id in ids {
-            let task = self.task(id, &group)?;
-            let now_ms = self.clock.now_ms();
-            if let Ok(change) =
-                self.engine
-                    .plan_transition(now_ms, &task, State::Queued, Actor::scheduler(), None)
-            {
-                self.plan(change, &mut group);
-            }
+        self.step(Input::PoliciesChanged, &mut group);
+        if !unadmitted.is_empty() {
+            self.step(Input::Admit(unadmitted), &mut group);
         }
         if !group.change.is_empty() {
             self.store.commit(&group.change)?;
@@ -407,116 +420,6 @@ impl Writer {
         self.snapshot.store(Arc::new(self.engine.snapshot()));
         Ok(())
     }
-
-    fn submit(
-        &mut self,
-        submission: Submission,
-        admission: &Admission,
-        group: &mut Group,
-    ) -> SubmitResult {
-        let existing = match &submission.spec.key {
-            Some(key) => match group.keys.get(key) {
-                Some(record) => Some(*record),
-                None => self.store.key(key)?,
-            },
-            None => None,
-        };
-        match judge_key(existing.as_ref(), &submission.fingerprint) {
-            KeyVerdict::Replay(id) => Ok(Submitted {
-                task: self.task(id, group)?,
-                replayed: true,
-            }),
-            KeyVerdict::Conflict(task_id) => Err(SchedulerError::KeyConflict {
-                key: submission.spec.key.unwrap_or_default(),
-                task_id,
-            }),
-            KeyVerdict::New if self.splits(&submission.spec.kind) => Ok(Submitted {
-                task: self.create_split(&submission, admission, group)?,
-                replayed: false,
-            }),
-            KeyVerdict::New => {
-                let now_ms = self.clock.now_ms();
-                let change =
-                    self.engine
-                        .plan_create(now_ms, self.random.random(), &submission, admission);
-                let _admit = tracing::debug_span!(
-                    target: crate::telemetry::TASK_SPANS,
-                    "admit",
-                    task_id = %change.writes[0].task.id,
-                    bucket = admission.bucket.as_str(),
-                    rank = admission.rank,
-                    attempt_timeout_ms = admission.attempt_timeout_ms,
-                    policy_version = admission.policy_version,
-                )
-                .entered();
-                Ok(Submitted {
-                    task: self.plan(change, group),
-                    replayed: false,
-                })
-            }
-        }
-    }
-
-    fn cancel(
-        &mut self,
-        id: TaskId,
-        actor: Actor,
-        group: &mut Group,
-    ) -> Result<Task, SchedulerError> {
-        let task = self.task(id, group)?;
-        let now_ms = self.clock.now_ms();
-        let change = self
-            .engine
-            .plan_transition(now_ms, &task, State::Cancelled, actor, None)
-            .map_err(|source| SchedulerError::Illegal {
-                task_id: id,
-                state: task.state,
-                source,
-            })?;
-        Ok(self.plan(change, group))
-    }
-
-    /// The task as the group sees it: its latest planned write, or else the store's record.
-    pub(super) fn task(&self, id: TaskId, group: &Group) -> Result<Task, SchedulerError> {
-        if let Some(&index) = group.latest_write.get(&id) {
-            return Ok(group.change.writes[index].task.clone());
-        }
-        if let Some(task) = self.cache.get(id) {
-            return Ok(task.clone());
-        }
-        self.store.task(id)?.ok_or(SchedulerError::NotFound(id))
-    }
-
-    /// Adds a planned change to the group and teaches it to the engine; returns the task the
-    /// change writes first (the one a request asked about).
-    pub(super) fn plan(&mut self, change: Change, group: &mut Group) -> Task {
-        self.engine.apply(&change);
-        let first_write = group.change.writes.len();
-        for (offset, write) in change.writes.iter().enumerate() {
-            group
-                .latest_write
-                .insert(write.task.id, first_write + offset);
-            self.cache.put(&write.task);
-        }
-        for new in &change.new_tasks {
-            group.payload_bytes += new.payload_json.len();
-            if let Some((key, record)) = &new.key {
-                group.keys.insert(key.clone(), *record);
-            }
-        }
-        let first = change.writes[0].task.clone();
-        let families: Vec<(Option<State>, Task)> = change
-            .writes
-            .iter()
-            .filter(|write| write.task.parent.is_some() || write.task.family.is_some())
-            .map(|write| (write.previous, write.task.clone()))
-            .collect();
-        group.change.merge(change);
-        if !families.is_empty() {
-            self.follow_families(&families, group);
-        }
-        first
-    }
 }
 
 /// An answer that becomes an error when the sync it waits for fails.
@@ -526,7 +429,7 @@ pub(crate) trait Durable {
 
 impl<T> Durable for Result<T, SchedulerError> {
     fn failed(self, error: Arc<StoreError>) -> Self {
-        self.and(Err(SchedulerError::Store(error)))
+        self.and(Err(SchedulerError::from(error)))
     }
 }
 

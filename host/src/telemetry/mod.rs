@@ -8,24 +8,20 @@
 mod http;
 mod labels;
 mod pipeline;
-mod policy;
 mod state;
 mod tasks;
 
+pub use crate::policy::PolicyMetrics;
 pub use http::{HttpMetrics, track};
 pub use labels::{LabelBudget, OTHER, failure_reason};
 pub use pipeline::PipelineMetrics;
-pub use policy::{PolicyMetrics, TIMED_ONE_IN, VersionMetrics};
 pub use state::Present;
 pub use tasks::TaskMetrics;
 
 use prometheus_client::registry::Registry;
 use std::sync::{Arc, Mutex};
 
-/// The target of the spans that follow a task — `submit`, `admit`, `claim`, `start`,
-/// `complete`, `fail` — each with a `task_id` field. They are at debug level, so they cost
-/// nothing unless `SLUICE_LOG` asks for them (`info,sluice::task=debug`).
-pub const TASK_SPANS: &str = "sluice::task";
+pub use crate::model::TASK_SPANS;
 
 /// The content type of `render`'s text.
 pub const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -4,12 +4,12 @@
 //! brute-force ids in (distance, id) order; IVF must reach its recall bound.
 
 use super::{ShardIndex, ShardPart, Vectors, brute_force, clustered, kmeans};
+use crate::engine::SplitInput;
 use crate::model::{Hit, Metric, ShardFilter, ShardQuery, TaskSpec, VectorQuery};
 use crate::policy::{
     Kind, MergeInstance, PolicyRuntime, RuntimeOptions, SplitInstance, checks, defaults,
     shard_filter, split_request,
 };
-use crate::scheduler::SplitInput;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;

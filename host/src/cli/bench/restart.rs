@@ -1,11 +1,12 @@
 //! `sluice bench restart`: fill a temporary store with N queued tasks through the scheduler,
 //! then start a real `sluice serve` on it and time how long it takes to be ready (reopening
-//! sled and rebuilding the in-memory indexes), and how much memory it then holds.
+//! the store and rebuilding the in-memory indexes), and how much memory it then holds.
 
 use super::child::ChildServer;
 use anyhow::{Context, bail};
+use sluice::engine::NativeDecider;
 use sluice::model::{Limits, Submission, TaskSpec};
-use sluice::scheduler::{NativeDecider, Scheduler, SchedulerOptions, SystemClock};
+use sluice::scheduler::{Scheduler, SchedulerOptions, SystemClock};
 use sluice::store::{SledOptions, SledStore};
 use std::path::Path;
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! `sluice demo`: the first thing to run. An embedded server (sled in a temporary folder, or
+//! `sluice demo`: the first thing to run. An embedded server (the default store in a temporary folder, or
 //! `--data-dir`), in-process vector shard workers and synthetic GPU workers, a mixed load of
 //! OCT inference tasks in three priorities and vector searches through split and merge, a live
 //! line of progress, and a summary to end with.

@@ -4,9 +4,10 @@
 //! Keys: `m`+sha256 → component bytes; `v`+kind+version → version record; `a`+kind → the
 //! activation stack; `e`+kind+seq → policy event; `c`+cache key → compiled code.
 
-use super::sled_store::{SledStore, corrupt};
-use super::{PolicyCatalog, StoreError};
+use super::SledStore;
+use super::util::corrupt;
 use crate::model::{PolicyEvent, PolicyKind, PolicyVersion};
+use crate::store::{PolicyCatalog, StoreError};
 
 fn module_key(sha256: &str) -> Vec<u8> {
     [b"m".as_slice(), sha256.as_bytes()].concat()

@@ -1,9 +1,10 @@
-//! Who decides: the writer asks a `Decider` for admissions, bucket weights, promotions and
-//! retries, and hands each answer to the deterministic engine as an input, as it does the time.
-//! The server's decider is the policy registry; `NativeDecider` is the host's own rule, for
-//! tests and tools that run a scheduler alone, and for when every policy version faults.
+//! Who decides: a step asks `Decide` for admissions, bucket weights, promotions, retries, splits
+//! and merges. Each call is pure (the same inputs give the same answer), so a step stays
+//! deterministic with the policies in it. The server's implementation is the policy registry
+//! (`policy::PolicyDecider`); `NativeDecider` is the host's own rule, for the virtual-time
+//! driver, tests and tools that run a scheduler alone, and for when every policy version faults.
 
-use crate::engine::{DEFAULT_BUCKET_WEIGHTS, RetryDecision};
+use super::{DEFAULT_BUCKET_WEIGHTS, RetryDecision};
 use crate::model::{Admission, ShardFilter, TaskSpec, VectorQuery};
 use policy_packed::{Bucket, Decision, Failure, Hit, View};
 
@@ -14,7 +15,7 @@ pub struct Decided<T> {
     pub version: Option<u32>,
 }
 
-pub trait Decider: Send + Sync + 'static {
+pub trait Decide: Send + Sync + 'static {
     /// One admission per spec, in order. `first_seq` numbers the specs in arrival order
     /// (`first_seq`, `first_seq + 1`, ...). Never fails: an implementation that cannot decide
     /// answers with `Admission::native`.
@@ -58,10 +59,25 @@ pub fn native_merge(k: u32, weights: &[f32], hits: &[u64]) -> Result<Vec<Hit>, S
 }
 
 /// The default policies' own logic, run natively with their default settings (or others).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct NativeDecider {
     pub aging: aging_threshold::Settings,
     pub retry: retry_backoff::Settings,
+    /// Urgent, normal and low, as the priority policy's defaults give them.
+    pub bucket_weights: [u32; 3],
+    /// Stored shards a search splits over, one child each (`split-shards`' `shards`).
+    pub shards: u32,
+}
+
+impl Default for NativeDecider {
+    fn default() -> Self {
+        NativeDecider {
+            aging: aging_threshold::Settings::default(),
+            retry: retry_backoff::Settings::default(),
+            bucket_weights: DEFAULT_BUCKET_WEIGHTS,
+            shards: 1,
+        }
+    }
 }
 
 impl NativeDecider {
@@ -82,7 +98,7 @@ pub fn to_retry_decision(decision: Decision) -> RetryDecision {
     }
 }
 
-impl Decider for NativeDecider {
+impl Decide for NativeDecider {
     fn admit(&self, _now_ms: u64, first_seq: u64, specs: &[&TaskSpec]) -> Vec<Admission> {
         specs
             .iter()
@@ -92,7 +108,7 @@ impl Decider for NativeDecider {
     }
 
     fn bucket_weights(&self, _now_ms: u64) -> [u32; 3] {
-        DEFAULT_BUCKET_WEIGHTS
+        self.bucket_weights
     }
 
     fn age(&self, now_ms: u64, waiting: &[View]) -> Decided<Vec<(u32, Bucket)>> {
@@ -109,10 +125,12 @@ impl Decider for NativeDecider {
         }
     }
 
-    /// One child covering stored shard 0: `split-shards` with its default settings.
+    /// One child per stored shard, of equal weight: `split-shards`' rule.
     fn split(&self, _now_ms: u64, _input: &SplitInput) -> Result<Decided<SplitAnswer>, String> {
         Ok(Decided {
-            answer: Ok(vec![(ShardFilter::Shard(0), 1.0)]),
+            answer: Ok((0..self.shards.max(1))
+                .map(|shard| (ShardFilter::Shard(shard), 1.0))
+                .collect()),
             version: None,
         })
     }

@@ -8,7 +8,7 @@
 //! 5–7 ms (`perf sched`), while the writer, the flusher and the request threads waited behind
 //! it, and those waits were the slowest claims. With 1 MiB, `sluice bench e2e --rate 10500`
 //! went from 97.1–98.0 % to 99.0–99.5 % of claims within 5 ms (four runs each). Pages over a
-//! quarter segment become blob files, which the store fsyncs itself (see `sled_store`).
+//! quarter segment become blob files, which the store fsyncs itself (see `shared.rs`).
 
 use std::path::Path;
 
@@ -36,7 +36,8 @@ fn recorded(dir: &Path) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{SledOptions, SledStore, Store};
+    use crate::store::Store;
+    use crate::store::sled::{SledOptions, SledStore};
 
     #[test]
     fn a_new_directory_gets_one_mebibyte_segments() {

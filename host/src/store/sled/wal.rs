@@ -11,9 +11,9 @@
 //! `[first seq: u64][block JSON: u32 + bytes]`, then the same for worker log entries.
 //! Integers are big-endian.
 
-use super::StoreError;
-use super::sled_store::corrupt;
+use super::util::corrupt;
 use crate::model::{State, TaskId};
+use crate::store::StoreError;
 use std::sync::Arc;
 
 const VERSION: u8 = 2;

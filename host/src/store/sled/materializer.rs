@@ -4,11 +4,11 @@
 //! waited `COALESCE`, so a task that is submitted, claimed and completed within one round is
 //! written in place once, not three times.
 
-use super::StoreError;
 use super::keys;
-use super::sled_store::Shared;
+use super::shared::Shared;
+use super::util::lock;
 use super::wal::{CallbackMark, states_in};
-use std::sync::MutexGuard;
+use crate::store::StoreError;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -16,10 +16,6 @@ use std::time::Duration;
 const COALESCE: Duration = Duration::from_millis(200);
 /// A round starts at once when this many tasks and keys are pending.
 pub const ROUND_TASKS: usize = 8_192;
-
-pub(super) fn lock<T>(mutex: &std::sync::Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Writes everything pending in place. Returns how many tasks and keys it wrote.
 pub(super) fn round(shared: &Shared) -> Result<usize, StoreError> {
@@ -90,7 +86,7 @@ pub(super) fn round(shared: &Shared) -> Result<usize, StoreError> {
 
 /// The materializer thread: rounds until told to stop, then one last round.
 pub(super) fn run(shared: &Shared) {
-    lower_priority();
+    super::util::lower_priority();
     loop {
         let stopping = wait_for_work(shared);
         if let Err(error) = round(shared) {
@@ -124,17 +120,5 @@ fn wait_for_work(shared: &Shared) -> bool {
         }
         .unwrap_or_else(|p| p.into_inner())
         .0;
-    }
-}
-
-/// Rounds (and the write-ahead log's spare segments) are background work: on a busy machine the writer, the flusher and the request
-/// threads, whose delays clients wait on, go first. (Linux lets a thread set its own nice value;
-/// where it fails the thread simply runs at the normal priority.)
-pub(super) fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: gettid and setpriority take plain integers and touch no memory of ours.
-    unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
     }
 }

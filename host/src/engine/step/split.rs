@@ -1,12 +1,11 @@
-//! The writer's split and merge work: a submission of a split kind is split by the split
+//! A step's split and merge work: a submission of a split kind is split by the split
 //! policy before anything is written (a refusal creates nothing); a child that ends is counted
 //! on its parent; a parent whose children have all ended (or whose merge deadline passed) is
 //! merged by the merge policy over the children's results; a parent that ends otherwise takes
 //! its unfinished children with it.
 
-use super::writer::{Group, Writer};
-use super::{Decided, SchedulerError, SplitInput};
-use crate::engine::{ChildPlan, ready_to_merge};
+use super::{StepError, Stepper};
+use crate::engine::{ChildPlan, Decided, SplitInput, ready_to_merge};
 use crate::model::{
     Actor, Admission, Hit, MergedAnswer, ShardAnswer, ShardQuery, State, Submission, Task,
     TaskError, TaskId, VectorQuery,
@@ -17,33 +16,27 @@ use rand::Rng;
 /// query vector, so a wide vector split very fine would otherwise make one huge write.
 const MAX_CHILDREN_PAYLOAD_BYTES: usize = 16 << 20;
 
-impl Writer {
-    /// Whether tasks of `kind` are split on admission.
-    pub(super) fn splits(&self, kind: &str) -> bool {
-        self.split_kinds.iter().any(|k| k == kind)
-    }
-
+impl Stepper<'_> {
     /// Creates a task of a split kind and splits it in the same change.
     pub(super) fn create_split(
         &mut self,
         submission: &Submission,
         admission: &Admission,
-        group: &mut Group,
-    ) -> Result<Task, SchedulerError> {
+    ) -> Result<Task, StepError> {
         let payload: serde_json::Value = serde_json::from_slice(&submission.payload_json)
-            .map_err(|e| SchedulerError::Internal(format!("a stored payload is not JSON: {e}")))?;
-        let query = VectorQuery::parse(&payload).map_err(SchedulerError::InvalidTask)?;
-        let now_ms = self.clock.now_ms();
+            .map_err(|e| StepError::Internal(format!("a stored payload is not JSON: {e}")))?;
+        let query = VectorQuery::parse(&payload).map_err(StepError::InvalidTask)?;
+        let now_ms = self.now_ms;
         let input = SplitInput {
             spec: &submission.spec,
             seq: self.engine.next_event_seq(),
             query: &query,
         };
         let Decided { answer, version } = self
-            .decider
+            .decide
             .split(now_ms, &input)
-            .map_err(SchedulerError::PolicyUnavailable)?;
-        let children = answer.map_err(SchedulerError::SplitRefused)?;
+            .map_err(StepError::PolicyUnavailable)?;
+        let children = answer.map_err(StepError::SplitRefused)?;
         let plans = children
             .into_iter()
             .zip(0u32..)
@@ -62,10 +55,10 @@ impl Writer {
                 })
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| SchedulerError::Internal(format!("cannot encode a child payload: {e}")))?;
+            .map_err(|e| StepError::Internal(format!("cannot encode a child payload: {e}")))?;
         let payload_bytes: usize = plans.iter().map(|p| p.payload_json.len()).sum();
         if payload_bytes > MAX_CHILDREN_PAYLOAD_BYTES {
-            return Err(SchedulerError::SplitRefused(format!(
+            return Err(StepError::SplitRefused(format!(
                 "{} children would carry {payload_bytes} bytes of payload, more than the limit of \
                  {MAX_CHILDREN_PAYLOAD_BYTES}; split into fewer children",
                 plans.len()
@@ -74,24 +67,24 @@ impl Writer {
         let created = self
             .engine
             .plan_create(now_ms, self.random.random(), submission, admission);
-        let parent = self.plan(created, group);
+        let parent = self.plan(created);
         let randoms: Vec<u128> = plans.iter().map(|_| self.random.random()).collect();
         let split = self
             .engine
             .plan_split(now_ms, &randoms, &parent, &plans, &query, version)
-            .map_err(|source| SchedulerError::Illegal {
+            .map_err(|source| StepError::Illegal {
                 task_id: parent.id,
                 state: parent.state,
                 source,
             })?;
-        Ok(self.plan(split, group))
+        Ok(self.plan(split))
     }
 
     /// What a planned change means for families: children that ended are counted on their
     /// parents (which merge once all have), and parents that ended cancel their unfinished
     /// children. Called by `plan` with a change's writes (previous state,
-    /// task) of family members, after the change joined the group.
-    pub(super) fn follow_families(&mut self, writes: &[(Option<State>, Task)], group: &mut Group) {
+    /// task) of family members, after the change joined the step.
+    pub(super) fn follow_families(&mut self, writes: &[(Option<State>, Task)]) {
         let mut settled: Vec<(TaskId, TaskId)> = Vec::new();
         let mut orphaned: Vec<Task> = Vec::new();
         for (previous, task) in writes {
@@ -107,46 +100,42 @@ impl Writer {
             }
         }
         for (parent, child) in settled {
-            if let Err(error) = self.settle_child(parent, group) {
+            if let Err(error) = self.settle_child(parent) {
                 tracing::error!(task_id = %child, parent_id = %parent, %error, "cannot count an ended child on its parent");
             }
         }
         for parent in orphaned {
-            self.cancel_children(&parent, group);
+            self.cancel_children(&parent);
         }
     }
 
-    fn settle_child(&mut self, parent_id: TaskId, group: &mut Group) -> Result<(), SchedulerError> {
-        let parent = self.task(parent_id, group)?;
+    fn settle_child(&mut self, parent_id: TaskId) -> Result<(), StepError> {
+        let parent = self.task(parent_id)?;
         if parent.state != State::Split {
             // Already merged, cancelled or timed out: the child's end changes nothing.
             return Ok(());
         }
-        let now_ms = self.clock.now_ms();
+        let now_ms = self.now_ms;
         let change = self.engine.plan_child_settled(now_ms, &parent);
-        let parent = self.plan(change, group);
+        let parent = self.plan(change);
         if ready_to_merge(&parent, now_ms) {
-            self.merge_family(&parent, group)?;
+            self.merge_family(&parent)?;
         }
         Ok(())
     }
 
     /// Merges what `parent`'s children answered and completes (or fails) it.
-    pub(super) fn merge_family(
-        &mut self,
-        parent: &Task,
-        group: &mut Group,
-    ) -> Result<(), SchedulerError> {
+    pub(super) fn merge_family(&mut self, parent: &Task) -> Result<(), StepError> {
         let Some(family) = parent.family.clone() else {
             return Ok(());
         };
-        let now_ms = self.clock.now_ms();
+        let now_ms = self.now_ms;
         let mut weights = Vec::with_capacity(family.parts.len());
         let mut packed = Vec::new();
         let mut missing = Vec::new();
         for (index, part) in (0u32..).zip(&family.parts) {
             weights.push(part.weight);
-            let child = self.task(part.task, group)?;
+            let child = self.task(part.task)?;
             match answered_hits(&child) {
                 Ok(hits) => {
                     for hit in hits {
@@ -184,7 +173,7 @@ impl Writer {
             };
             (Err(error), "shards missing".to_owned())
         } else {
-            let decided = self.decider.merge(now_ms, family.k, &weights, &packed);
+            let decided = self.decide.merge(now_ms, family.k, &weights, &packed);
             let by = match decided.version {
                 Some(v) => format!("merged by merge policy v{v}"),
                 None => "merged by the host's top-k".to_owned(),
@@ -219,23 +208,23 @@ impl Writer {
         let change = self
             .engine
             .plan_merged(now_ms, parent, outcome, detail)
-            .map_err(|source| SchedulerError::Illegal {
+            .map_err(|source| StepError::Illegal {
                 task_id: parent.id,
                 state: parent.state,
                 source,
             })?;
         // Children still out (a merge deadline passed) are cancelled as the parent ends.
-        self.plan(change, group);
+        self.plan(change);
         Ok(())
     }
 
-    fn cancel_children(&mut self, parent: &Task, group: &mut Group) {
+    fn cancel_children(&mut self, parent: &Task) {
         let Some(family) = &parent.family else {
             return;
         };
-        let now_ms = self.clock.now_ms();
+        let now_ms = self.now_ms;
         for part in &family.parts {
-            let child = match self.task(part.task, group) {
+            let child = match self.task(part.task) {
                 Ok(child) => child,
                 Err(error) => {
                     tracing::error!(task_id = %part.task, %error, "cannot read a child to cancel");
@@ -253,7 +242,7 @@ impl Writer {
                 Actor::scheduler(),
                 detail,
             ) {
-                self.plan(change, group);
+                self.plan(change);
             }
         }
     }

@@ -1,10 +1,11 @@
-//! The writer's dispatch work: claims, workers' reports, and the tick that runs the reaper
-//! (expired leases, timed-out attempts, retries to release, deadlines) and aging. Each asks
-//! the decider what a policy must decide, then has the engine plan it.
+//! A step's dispatch work: claims, workers' reports, and the tick that runs the reaper
+//! (expired leases, timed-out attempts, retries to release, deadlines, callbacks) and aging.
+//! Each asks `Decide` what a policy must decide, then has the engine plan it.
 
-use super::writer::{Group, Writer};
-use super::{Claimed, SchedulerError};
-use crate::engine::{Due, Report, Verdict, WorkerView, failure_view, judge_report};
+use super::{CallbackJob, Claimed, StepError, Stepper};
+use crate::engine::{
+    CallbackOutcome, Due, Report, RetryDecision, Verdict, WorkerView, failure_view, judge_report,
+};
 use crate::model::{Actor, FailureClass, Task, TaskId};
 use rand::Rng;
 
@@ -13,16 +14,11 @@ const DUE_PER_TICK: usize = 1_024;
 /// Waiting tasks per bucket shown to the aging policy per aging tick.
 const AGING_PER_BUCKET: usize = 4_096;
 
-impl Writer {
-    pub(super) fn claim(
-        &mut self,
-        worker: &str,
-        max: usize,
-        group: &mut Group,
-    ) -> Result<Claimed, SchedulerError> {
-        let now_ms = self.clock.now_ms();
+impl Stepper<'_> {
+    pub(super) fn claim(&mut self, worker: &str, max: usize) -> Result<Claimed, StepError> {
+        let now_ms = self.now_ms;
         let (picked, event) = self.engine.pick(now_ms, worker, max);
-        group.change.worker_events.extend(event);
+        self.change.worker_events.extend(event);
         let picks = match picked {
             Ok(picks) => picks,
             Err(refused) => {
@@ -34,9 +30,9 @@ impl Writer {
         };
         let mut leases = Vec::with_capacity(picks.len());
         for pick in picks {
-            let task = self.task(pick.task, group)?;
+            let task = self.task(pick.task)?;
             let _claim = tracing::debug_span!(
-                target: crate::telemetry::TASK_SPANS,
+                target: crate::model::TASK_SPANS,
                 "claim",
                 task_id = %task.id,
                 worker,
@@ -49,7 +45,7 @@ impl Writer {
                 .engine
                 .plan_claim(now_ms, random, &task, worker, pick.gpu)
             {
-                Ok(change) => leases.push(self.plan(change, group)),
+                Ok(change) => leases.push(self.plan(change)),
                 Err(illegal) => {
                     tracing::error!(task_id = %task.id, %illegal, "a queued task could not be claimed")
                 }
@@ -66,12 +62,11 @@ impl Writer {
         id: TaskId,
         token: &str,
         report: Report,
-        group: &mut Group,
-    ) -> Result<Task, SchedulerError> {
+    ) -> Result<Task, StepError> {
         let _span = report_span(id, &report).entered();
-        let task = self.task(id, group)?;
-        let now_ms = self.clock.now_ms();
-        let illegal = |source| SchedulerError::Illegal {
+        let task = self.task(id)?;
+        let now_ms = self.now_ms;
+        let illegal = |source| StepError::Illegal {
             task_id: id,
             state: task.state,
             source,
@@ -87,8 +82,8 @@ impl Writer {
                 let change = self
                     .engine
                     .plan_refused_report(now_ms, &task, &worker, &report, &reason);
-                self.plan(change, group);
-                Err(SchedulerError::StaleLease {
+                self.plan(change);
+                Err(StepError::StaleLease {
                     task_id: id,
                     reason,
                 })
@@ -96,11 +91,11 @@ impl Writer {
             Verdict::Fresh => match report {
                 Report::Start => {
                     let change = self.engine.plan_start(now_ms, &task).map_err(illegal)?;
-                    Ok(self.plan(change, group))
+                    Ok(self.plan(change))
                 }
                 Report::Heartbeat => {
                     let change = self.engine.plan_lease_heartbeat(now_ms, &task);
-                    Ok(self.plan(change, group))
+                    Ok(self.plan(change))
                 }
                 Report::Complete { result } => {
                     let change = self
@@ -108,15 +103,15 @@ impl Writer {
                         .plan_complete(now_ms, &task, result)
                         .map_err(illegal)?;
                     let event = self.engine.record_outcome(now_ms, &task, None);
-                    group.change.worker_events.extend(event);
-                    Ok(self.plan(change, group))
+                    self.change.worker_events.extend(event);
+                    Ok(self.plan(change))
                 }
                 Report::Fail { class, message } => {
                     let actor = task
                         .lease
                         .as_ref()
                         .map_or_else(Actor::scheduler, |l| Actor::worker(&l.worker));
-                    self.fail(now_ms, &task, class, message, actor, group)
+                    self.fail(now_ms, &task, class, message, actor)
                 }
             },
         }
@@ -130,12 +125,9 @@ impl Writer {
         class: FailureClass,
         message: String,
         actor: Actor,
-        group: &mut Group,
-    ) -> Result<Task, SchedulerError> {
-        let mut planned = self.fail_all(now_ms, vec![(task.clone(), class, message)], actor, group);
-        planned
-            .pop()
-            .unwrap_or(Err(SchedulerError::NotFound(task.id)))
+    ) -> Result<Task, StepError> {
+        let mut planned = self.fail_all(now_ms, vec![(task.clone(), class, message)], actor);
+        planned.pop().unwrap_or(Err(StepError::NotFound(task.id)))
     }
 
     /// Plans failed attempts with one retry decision for them all; one answer each, in order.
@@ -144,8 +136,7 @@ impl Writer {
         now_ms: u64,
         failed: Vec<(Task, FailureClass, String)>,
         actor: Actor,
-        group: &mut Group,
-    ) -> Vec<Result<Task, SchedulerError>> {
+    ) -> Vec<Result<Task, StepError>> {
         if failed.is_empty() {
             return Vec::new();
         }
@@ -153,16 +144,14 @@ impl Writer {
             .iter()
             .map(|(task, class, _)| failure_view(task, *class, self.random.random()))
             .collect();
-        let decided = self.decider.retry(now_ms, &views);
+        let decided = self.decide.retry(now_ms, &views);
         let mut decisions = decided.answer.into_iter();
         failed
             .into_iter()
             .map(|(task, class, message)| {
-                let decision = decisions
-                    .next()
-                    .unwrap_or(crate::engine::RetryDecision::Dead(
-                        "the retry policy gave no answer".into(),
-                    ));
+                let decision = decisions.next().unwrap_or(RetryDecision::Dead(
+                    "the retry policy gave no answer".into(),
+                ));
                 let change = self
                     .engine
                     .plan_failure(
@@ -174,14 +163,14 @@ impl Writer {
                         decided.version,
                         actor.clone(),
                     )
-                    .map_err(|source| SchedulerError::Illegal {
+                    .map_err(|source| StepError::Illegal {
                         task_id: task.id,
                         state: task.state,
                         source,
                     })?;
                 let event = self.engine.record_outcome(now_ms, &task, Some(class));
-                group.change.worker_events.extend(event);
-                Ok(self.plan(change, group))
+                self.change.worker_events.extend(event);
+                Ok(self.plan(change))
             })
             .collect()
     }
@@ -190,38 +179,38 @@ impl Writer {
         &mut self,
         worker: &str,
         actor: Actor,
-        group: &mut Group,
-    ) -> Result<Vec<WorkerView>, SchedulerError> {
-        let now_ms = self.clock.now_ms();
+    ) -> Result<Vec<WorkerView>, StepError> {
+        let now_ms = self.now_ms;
         if !self.engine.knows_worker(worker) {
-            return Err(SchedulerError::UnknownWorker(worker.to_owned()));
+            return Err(StepError::UnknownWorker(worker.to_owned()));
         }
         let event = self.engine.reset_worker(now_ms, worker, actor);
-        group.change.worker_events.extend(event);
+        self.change.worker_events.extend(event);
         Ok(self.engine.worker(now_ms, worker).into_iter().collect())
     }
 
     /// Runs what is due, then ages the queues if their interval has passed. Attempts that
     /// failed by time (expired leases, timeouts) share one retry decision.
-    pub(super) fn tick(&mut self, group: &mut Group) {
-        let now_ms = self.clock.now_ms();
+    pub(super) fn tick(&mut self, mut callback_slots: usize) {
+        let now_ms = self.now_ms;
         let mut failed = Vec::new();
         for id in self.engine.due(now_ms, DUE_PER_TICK) {
-            match self.run_due(now_ms, id, group) {
+            match self.run_due(now_ms, id, &mut callback_slots) {
                 Ok(Some(failure)) => failed.push(failure),
                 Ok(None) => {}
                 Err(error) => tracing::error!(task_id = %id, %error, "could not run a due timer"),
             }
         }
-        for planned in self.fail_all(now_ms, failed, Actor::scheduler(), group) {
+        for planned in self.fail_all(now_ms, failed, Actor::scheduler()) {
             if let Err(error) = planned {
                 tracing::error!(%error, "could not fail an expired attempt");
             }
         }
-        if now_ms >= self.next_aging_ms {
-            self.next_aging_ms = now_ms.saturating_add(self.aging_interval_ms);
-            self.age(now_ms, group);
-            let weights = self.decider.bucket_weights(now_ms);
+        if now_ms >= self.engine.next_aging_ms {
+            self.engine.next_aging_ms =
+                now_ms.saturating_add(self.engine.options.aging_interval_ms);
+            self.age(now_ms);
+            let weights = self.decide.bucket_weights(now_ms);
             self.engine.set_bucket_weights(weights);
             self.engine.forget_silent_workers(now_ms);
         }
@@ -232,10 +221,10 @@ impl Writer {
         &mut self,
         now_ms: u64,
         id: TaskId,
-        group: &mut Group,
-    ) -> Result<Option<(Task, FailureClass, String)>, SchedulerError> {
-        let task = self.task(id, group)?;
-        let illegal = |source| SchedulerError::Illegal {
+        callback_slots: &mut usize,
+    ) -> Result<Option<(Task, FailureClass, String)>, StepError> {
+        let task = self.task(id)?;
+        let illegal = |source| StepError::Illegal {
             task_id: id,
             state: task.state,
             source,
@@ -244,14 +233,18 @@ impl Writer {
             None => {}
             Some(Due::Deadline) => {
                 let change = self.engine.plan_timed_out(now_ms, &task).map_err(illegal)?;
-                self.plan(change, group);
+                self.plan(change);
             }
             Some(Due::Release) => {
                 let change = self.engine.plan_release(now_ms, &task).map_err(illegal)?;
-                self.plan(change, group);
+                self.plan(change);
             }
-            Some(Due::Callback) => self.send_callback(now_ms, &task, group),
-            Some(Due::Merge) => self.merge_family(&task, group)?,
+            Some(Due::Callback) if *callback_slots > 0 && self.send_callback(now_ms, &task) => {
+                *callback_slots -= 1;
+            }
+            // No room at the deliverer: the callback stays due, for a later tick.
+            Some(Due::Callback) => {}
+            Some(Due::Merge) => self.merge_family(&task)?,
             Some(Due::Failed(class)) => {
                 let message = match class {
                     FailureClass::Timeout => "the attempt ran past its timeout",
@@ -263,71 +256,63 @@ impl Writer {
         Ok(None)
     }
 
-    /// Hands a due callback to the deliverer and marks it in flight. A full deliverer queue
-    /// leaves the callback due, for the next tick.
-    fn send_callback(&mut self, now_ms: u64, task: &Task, group: &mut Group) {
+    /// Hands a due callback to the shell for delivery and marks it in flight; whether it did.
+    fn send_callback(&mut self, now_ms: u64, task: &Task) -> bool {
         let Some(url) = task.callback_url.clone() else {
-            return;
+            return false;
         };
         let Some((attempt, change)) = self.engine.plan_callback_attempt(now_ms, task) else {
-            return;
+            return false;
         };
         let body = match serde_json::to_vec(&task.clone().without_token()) {
             Ok(body) => body,
             Err(error) => {
                 tracing::error!(task_id = %task.id, %error, "cannot encode a callback");
-                return;
+                return false;
             }
         };
-        let job = super::callbacks::Job {
+        self.callbacks.push(CallbackJob {
             id: task.id,
             attempt,
             url,
             body,
-        };
-        if self.callback_jobs.try_send(job).is_ok() {
-            self.plan(change, group);
-        }
+        });
+        self.plan(change);
+        true
     }
 
-    pub(super) fn callback_done(
-        &mut self,
-        id: TaskId,
-        attempt: u32,
-        outcome: &crate::engine::CallbackOutcome,
-        group: &mut Group,
-    ) {
-        let now_ms = self.clock.now_ms();
-        match self.task(id, group) {
+    pub(super) fn callback_done(&mut self, id: TaskId, attempt: u32, outcome: &CallbackOutcome) {
+        let now_ms = self.now_ms;
+        match self.task(id) {
             Ok(task) => {
                 if let Some(change) = self
                     .engine
                     .plan_callback_outcome(now_ms, &task, attempt, outcome)
                 {
-                    self.plan(change, group);
+                    self.plan(change);
                 }
             }
             Err(error) => tracing::error!(task_id = %id, %error, "cannot record a callback"),
         }
     }
 
-    fn age(&mut self, now_ms: u64, group: &mut Group) {
+    fn age(&mut self, now_ms: u64) {
         let waiting = self.engine.aging_views(AGING_PER_BUCKET);
         if waiting.is_empty() {
             return;
         }
         let views: Vec<_> = waiting.iter().map(|(_, view)| *view).collect();
-        let decided = self.decider.age(now_ms, &views);
+        let decided = self.decide.age(now_ms, &views);
         for (index, to) in decided.answer {
             let Some(&(id, _)) = waiting.get(index as usize) else {
                 continue;
             };
             let promoted = self
-                .task(id, group)
+                .task(id)
                 .map(|task| self.engine.plan_promote(now_ms, &task, to, decided.version));
             match promoted {
                 Ok(Some(change)) => {
-                    self.plan(change, group);
+                    self.plan(change);
                 }
                 Ok(None) => {}
                 Err(error) => tracing::error!(task_id = %id, %error, "could not promote"),
@@ -338,7 +323,7 @@ impl Writer {
 
 /// The span of a worker's report, named for what it reports (span names are static).
 fn report_span(id: TaskId, report: &Report) -> tracing::Span {
-    use crate::telemetry::TASK_SPANS;
+    use crate::model::TASK_SPANS;
     match report {
         Report::Start => tracing::debug_span!(target: TASK_SPANS, "start", task_id = %id),
         Report::Complete { .. } => {

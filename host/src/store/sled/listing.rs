@@ -1,10 +1,11 @@
 //! Listing tasks in id order: the tree's records (or state index) merged with the overlay. A
 //! task the overlay holds is read from there, and the tree's older entry for it is passed over.
 
-use super::materializer::lock;
-use super::sled_store::{Shared, corrupt, prefix_end};
-use super::{ListPage, ListQuery, StoreError, keys};
+use super::keys;
+use super::shared::Shared;
+use super::util::{corrupt, lock, prefix_end};
 use crate::model::{Task, TaskId};
+use crate::store::{ListPage, ListQuery, StoreError};
 use std::iter::Peekable;
 use std::ops::Bound;
 use std::sync::Arc;

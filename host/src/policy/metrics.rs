@@ -44,7 +44,7 @@ impl Default for PolicyMetrics {
 }
 
 impl PolicyMetrics {
-    pub(super) fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "policy_calls",
             "Calls into a policy version (a batch is one call)",

@@ -12,10 +12,9 @@
 //! commits consecutive. A segment's records end at the first zero header. A crash can tear only
 //! the records after the last sync; opening zeroes them out.
 
-use super::StoreError;
-use super::materializer::lock;
-use super::sled_store::corrupt;
+use super::util::{corrupt, lock};
 use super::wal::{self, Entry};
+use crate::store::StoreError;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::FileExt;
@@ -304,7 +303,7 @@ impl Drop for WalFile {
 
 /// The preparer thread: keeps one zeroed spare segment ready, at a low priority.
 fn prepare_spares(dir: &Path, spare: &Spare) {
-    super::materializer::lower_priority();
+    super::util::lower_priority();
     loop {
         {
             let mut state = lock(&spare.state);

@@ -4,7 +4,7 @@
 //!
 //! Layout: `[placement: u8][task length: u32 BE][task JSON][inline payload JSON]`.
 
-use super::StoreError;
+use crate::store::StoreError;
 
 /// Payloads up to this size are kept inside the task record.
 pub const INLINE_PAYLOAD_MAX_BYTES: usize = 8 * 1024;

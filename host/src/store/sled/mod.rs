@@ -6,20 +6,49 @@
 //! `sync_file_range`), then an fsync of any blob file sled wrote since the last sync: sled puts
 //! pages over a quarter segment (a leaf of large payloads, say) in separate blob files and never
 //! syncs them.
+//!
+//! The event log is a sequence of blocks, one per commit, each holding that commit's events
+//! (consecutive `seq`s); a task record lists the `seq`s of its own events, and holds its payload
+//! when that is small. A submission thus writes three keys (task, idempotency key, state index)
+//! and a share of one block: sled's cost is per key.
 
-use super::overlay::Overlay;
-use super::wal::{self, CallbackMark, Entry, PendingWrite};
-use super::wal_file::WalFile;
-use super::{Change, KeyRecord, ListPage, ListQuery, Recovery, Store, StoreError};
-use super::{keys, listing, materializer, record, segment};
-use crate::model::{Event, QueueEntry, State, Task, TaskId, WorkerEvent};
-use std::collections::HashMap;
-use std::collections::HashSet;
-use std::ffi::OsString;
+mod keys;
+mod listing;
+mod materializer;
+mod overlay;
+mod policy_catalog;
+mod record;
+mod segment;
+mod shared;
+mod util;
+mod wal;
+mod wal_file;
+
+use crate::model::{
+    Change, Event, KeyRecord, QueueEntry, Recovery, State, Task, TaskId, WorkerEvent,
+};
+use crate::store::{ListPage, ListQuery, Store, StoreError};
+use overlay::Overlay;
+use shared::Shared;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use util::{corrupt, lock};
+use wal::Entry;
+use wal_file::WalFile;
+
+/// A sled failure is an I/O failure when it is one (so a full disk stays recognisable), and
+/// otherwise the backend's own.
+impl From<sled::Error> for StoreError {
+    fn from(error: sled::Error) -> Self {
+        match error {
+            sled::Error::Io(io) => StoreError::Io(io),
+            other => StoreError::Backend(Box::new(other)),
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct SledOptions {
@@ -40,38 +69,10 @@ impl Default for SledOptions {
 const TREE_NAME: &str = "tasks";
 const POLICY_TREE_NAME: &str = "policies";
 
-/// Tasks logged but not yet written into sled, at most; a commit past it waits for the materializer
-/// (up to `BEHIND_TIMEOUT`, then fails) so memory stays bounded.
-const MAX_PENDING_TASKS: usize = 100_000;
-const BEHIND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
 pub struct SledStore {
     shared: Arc<Shared>,
     pub(super) policies: sled::Tree,
     materializer: Option<std::thread::JoinHandle<()>>,
-}
-
-/// What the store and its materializer thread share.
-pub(super) struct Shared {
-    db: sled::Db,
-    pub(super) tree: sled::Tree,
-    data_file: Option<File>,
-    blobs_dir: PathBuf,
-    /// Blob files already synced. The flusher, the materializer and the policy registry call
-    /// `sync`, so the lock is rarely contended.
-    synced_blobs: Mutex<HashSet<OsString>>,
-    pub(super) overlay: Mutex<Overlay>,
-    /// Wakes the materializer.
-    pub(super) wake: Condvar,
-    /// Told after each round, for commits waiting on a full overlay.
-    pub(super) settled: Condvar,
-    /// Held for a whole round; holds the last commit written in place.
-    pub(super) rounds: Mutex<u64>,
-    pub(super) stop: AtomicBool,
-    /// Held for a whole commit; holds the next commit's number.
-    next_commit: Mutex<u64>,
-    pub(super) wal: WalFile,
-    fdatasync: bool,
 }
 
 impl SledStore {
@@ -87,9 +88,9 @@ impl SledStore {
     }
 
     fn open_with(dir: &Path, options: &SledOptions, materialize: bool) -> Result<Self, StoreError> {
-        let open_error = |source| StoreError::Open {
+        let open_error = |source: sled::Error| StoreError::Open {
             path: dir.display().to_string(),
-            source,
+            source: Box::new(source),
         };
         std::fs::create_dir_all(dir)?;
         let segment_bytes = segment::segment_bytes(dir);
@@ -135,7 +136,7 @@ impl SledStore {
             wal,
             fdatasync: options.fdatasync,
         });
-        shared.replay(logged, floor)?;
+        replay(&shared, logged, floor)?;
         let materializer = if materialize {
             let shared = shared.clone();
             Some(
@@ -154,191 +155,23 @@ impl SledStore {
     }
 }
 
-impl Shared {
-    /// fsyncs the blob files written since the last call, then their directory.
-    fn sync_new_blobs(&self) -> Result<(), StoreError> {
-        let entries = match std::fs::read_dir(&self.blobs_dir) {
-            Ok(entries) => entries,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(error) => return Err(error.into()),
-        };
-        let mut synced = self.synced_blobs.lock().unwrap_or_else(|p| p.into_inner());
-        let mut present = HashSet::new();
-        let mut new_files = false;
-        for entry in entries {
-            let name = entry?.file_name();
-            if !synced.contains(&name) {
-                // A blob sled has already collected again is simply gone: nothing to sync.
-                match File::open(self.blobs_dir.join(&name)) {
-                    Ok(file) => file.sync_all()?,
-                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(error) => return Err(error.into()),
-                }
-                new_files = true;
-            }
-            present.insert(name);
-        }
-        if new_files {
-            File::open(&self.blobs_dir)?.sync_all()?;
-        }
-        *synced = present;
-        Ok(())
-    }
-
-    pub(super) fn sync_sled(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
-        if let Some(file) = &self.data_file {
-            file.sync_data()?;
-            self.sync_new_blobs()?;
-        }
-        Ok(())
-    }
-
-    /// At open: takes the logged commits past the floor back into the overlay (with every
-    /// index entry they may have left behind) and writes them into sled.
-    fn replay(&self, logged: Vec<(u64, Entry)>, floor: u64) -> Result<(), StoreError> {
-        *materializer::lock(&self.rounds) = floor;
-        let mut overlay = Overlay::default();
-        for (commit, entry) in logged {
-            if commit > floor {
-                overlay.absorb(commit, entry, true);
-            }
-        }
-        let replayed = overlay.len();
-        *materializer::lock(&self.overlay) = overlay;
-        if replayed > 0 {
-            materializer::round(self)?;
-            tracing::info!(records = replayed, "replayed the write-ahead log into sled");
-        }
-        Ok(())
-    }
-
-    /// The record of a task the overlay holds.
-    fn pending_record(&self, id: TaskId) -> Option<Arc<[u8]>> {
-        materializer::lock(&self.overlay)
-            .task(&id)
-            .map(|pending| pending.record.clone())
-    }
-
-    /// The part of a task's record that a state change carries over.
-    fn tail_of(&self, id: TaskId) -> Result<Vec<u8>, StoreError> {
-        if let Some(record) = self.pending_record(id) {
-            return Ok(record::split(&record)?.tail());
-        }
-        let old = self
-            .tree
-            .get(keys::task(id))?
-            .ok_or_else(|| corrupt("task", format!("{id} changes state but has no record")))?;
-        Ok(record::split(&old)?.tail())
-    }
-
-    /// Waits while the overlay is full; an error once the materializer has made no room for
-    /// `BEHIND_TIMEOUT`.
-    fn wait_for_room(&self) -> Result<(), StoreError> {
-        let started = std::time::Instant::now();
-        let mut overlay = materializer::lock(&self.overlay);
-        while overlay.task_count() >= MAX_PENDING_TASKS {
-            if started.elapsed() >= BEHIND_TIMEOUT {
-                return Err(StoreError::Io(std::io::Error::other(
-                    "tasks are not being written in place: the write-ahead log is full",
-                )));
-            }
-            self.wake.notify_one();
-            overlay = self
-                .settled
-                .wait_timeout(overlay, std::time::Duration::from_millis(100))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        Ok(())
-    }
-
-    /// The commit's writes, one per task as the commit leaves it.
-    fn pending_writes(
-        &self,
-        change: &Change,
-        tails: &HashMap<TaskId, Vec<u8>>,
-    ) -> Result<Vec<PendingWrite>, StoreError> {
-        let mut order: Vec<TaskId> = Vec::new();
-        let mut coalesced: HashMap<TaskId, (Option<State>, u16, &Task)> = HashMap::new();
-        for write in &change.writes {
-            let task = &write.task;
-            coalesced
-                .entry(task.id)
-                .and_modify(|(_, touched, last)| {
-                    *touched |= wal::state_bit(task.state);
-                    *last = task;
-                })
-                .or_insert_with(|| {
-                    order.push(task.id);
-                    (write.previous, wal::state_bit(task.state), task)
-                });
-        }
-        let mut writes = Vec::with_capacity(order.len());
-        for id in order {
-            let Some(&(previous, touched, task)) = coalesced.get(&id) else {
-                continue;
-            };
-            let tail = match tails.get(&id) {
-                Some(tail) => std::borrow::Cow::Borrowed(tail),
-                None => std::borrow::Cow::Owned(self.tail_of(id)?),
-            };
-            // A queued task's index entry carries its queue entry, so queues are rebuilt at
-            // start from the index alone.
-            let index_value = if task.state == State::Queued {
-                QueueEntry::of(task).encode()
-            } else {
-                vec![task.bucket.index() as u8]
-            };
-            let callback = if task.callback_pending() {
-                CallbackMark::Set
-            } else if task.callback.is_some() {
-                CallbackMark::Clear
-            } else {
-                CallbackMark::Keep
-            };
-            let task_json = serde_json::to_vec(task).map_err(|e| corrupt("task", e))?;
-            writes.push(PendingWrite {
-                id,
-                previous,
-                touched,
-                state: task.state,
-                callback,
-                index_value,
-                record: Arc::from(record::encode(&task_json, &tail)?),
-            });
-        }
-        Ok(writes)
-    }
-
-    pub(super) fn decode_task(bytes: &[u8]) -> Result<Task, StoreError> {
-        let parts = record::split(bytes)?;
-        serde_json::from_slice(parts.task_json).map_err(|e| corrupt("task", e))
-    }
-
-    /// The block of the log that holds event `seq`: the last block starting at or before it.
-    pub(super) fn block_holding(&self, seq: u64) -> Result<Vec<Event>, StoreError> {
-        let missing = || corrupt("event log", format!("no block holds event {seq}"));
-        let pending = materializer::lock(&self.overlay)
-            .block_holding(seq)
-            .cloned();
-        let block: Vec<Event> = match pending {
-            Some(bytes) => serde_json::from_slice(&bytes),
-            None => {
-                let (_, bytes) = self
-                    .tree
-                    .range(keys::block(0)..=keys::block(seq))
-                    .next_back()
-                    .ok_or_else(missing)??;
-                serde_json::from_slice(&bytes)
-            }
-        }
-        .map_err(|e| corrupt("event log", e))?;
-        match (block.first(), block.last()) {
-            (Some(first), Some(last)) if first.seq <= seq && seq <= last.seq => Ok(block),
-            _ => Err(missing()),
+/// At open: takes the logged commits past the floor back into the overlay (with every
+/// index entry they may have left behind) and writes them into sled.
+fn replay(shared: &Shared, logged: Vec<(u64, Entry)>, floor: u64) -> Result<(), StoreError> {
+    *lock(&shared.rounds) = floor;
+    let mut overlay = Overlay::default();
+    for (commit, entry) in logged {
+        if commit > floor {
+            overlay.absorb(commit, entry, true);
         }
     }
+    let replayed = overlay.len();
+    *lock(&shared.overlay) = overlay;
+    if replayed > 0 {
+        materializer::round(shared)?;
+        tracing::info!(records = replayed, "replayed the write-ahead log into sled");
+    }
+    Ok(())
 }
 
 impl SledStore {
@@ -392,13 +225,6 @@ impl Drop for SledStore {
     }
 }
 
-pub(super) fn corrupt(what: &'static str, detail: impl ToString) -> StoreError {
-    StoreError::Corrupt {
-        what,
-        detail: detail.to_string(),
-    }
-}
-
 fn encode_key_record(record: &KeyRecord) -> [u8; 48] {
     let mut out = [0; 48];
     out[..16].copy_from_slice(&record.task_id.to_bytes());
@@ -419,19 +245,10 @@ fn decode_key_record(bytes: &[u8]) -> Result<KeyRecord, StoreError> {
     })
 }
 
-/// The first key after every key that starts with `prefix`.
-pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
-    }
-    end
-}
-
 impl Store for SledStore {
     fn commit(&self, change: &Change) -> Result<(), StoreError> {
         let shared = &*self.shared;
-        let mut next_commit = materializer::lock(&shared.next_commit);
+        let mut next_commit = lock(&shared.next_commit);
         let mut entry = Entry::default();
         // The part of each record that state changes carry over: where the payload lives, and
         // the payload itself when inline.
@@ -464,7 +281,7 @@ impl Store for SledStore {
         let commit = *next_commit;
         shared.wal.append(commit, &entry)?;
         *next_commit += 1;
-        let mut overlay = materializer::lock(&shared.overlay);
+        let mut overlay = lock(&shared.overlay);
         let was_idle = overlay.pending_since.is_none();
         overlay.absorb(commit, entry, false);
         if was_idle || overlay.len() >= materializer::ROUND_TASKS {
@@ -503,14 +320,14 @@ impl Store for SledStore {
         if let Some(inline) = record::split(&bytes)?.inline_payload {
             return Ok(Some(inline.to_vec()));
         }
-        if let Some(payload) = materializer::lock(&self.shared.overlay).payload(&id) {
+        if let Some(payload) = lock(&self.shared.overlay).payload(&id) {
             return Ok(Some(payload.to_vec()));
         }
         Ok(tree.get(keys::payload(id))?.map(|b| b.to_vec()))
     }
 
     fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        if let Some(record) = materializer::lock(&self.shared.overlay).key(key) {
+        if let Some(record) = lock(&self.shared.overlay).key(key) {
             return decode_key_record(record).map(Some);
         }
         self.shared
@@ -561,7 +378,7 @@ impl Store for SledStore {
         // The overlay is read before sled: a block written into sled meanwhile is then found in
         // one or the other, and the `seq` check below drops the copy.
         let pending: Vec<Arc<[u8]>> = {
-            let overlay = materializer::lock(&self.shared.overlay);
+            let overlay = lock(&self.shared.overlay);
             overlay
                 .block_holding(first)
                 .into_iter()
@@ -597,12 +414,11 @@ impl Store for SledStore {
 
     fn worker_events(&self, after_seq: u64, limit: usize) -> Result<Vec<WorkerEvent>, StoreError> {
         let first = after_seq.saturating_add(1);
-        let mut found: std::collections::BTreeMap<u64, Arc<[u8]>> =
-            materializer::lock(&self.shared.overlay)
-                .worker_events_from(first)
-                .take(limit)
-                .map(|(seq, bytes)| (*seq, bytes.clone()))
-                .collect();
+        let mut found: std::collections::BTreeMap<u64, Arc<[u8]>> = lock(&self.shared.overlay)
+            .worker_events_from(first)
+            .take(limit)
+            .map(|(seq, bytes)| (*seq, bytes.clone()))
+            .collect();
         let start = keys::worker_event(first);
         let end = keys::worker_event(u64::MAX);
         for entry in self.shared.tree.range(start..=end).take(limit) {
@@ -671,3 +487,6 @@ impl Store for SledStore {
         Ok(recovery)
     }
 }
+
+#[cfg(test)]
+mod tests;

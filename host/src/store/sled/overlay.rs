@@ -232,7 +232,7 @@ impl Overlay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::wal::{PendingKey, PendingWrite};
+    use crate::store::sled::wal::{PendingKey, PendingWrite};
 
     fn entry(writes: Vec<PendingWrite>, keys: Vec<PendingKey>) -> Entry {
         Entry {

@@ -1,0 +1,215 @@
+//! The virtual-time driver: the engine's `step` on a clock it moves itself, over an in-memory
+//! store, with completion callbacks answered at once. It never sleeps, spawns or reads a
+//! clock, and every random bit comes from its seed, so the same seed and inputs give a
+//! byte-identical transcript. The server's writer thread is the other shell around the same
+//! step; `workload` runs simulated devices and workers on this one.
+
+mod memory;
+pub mod workload;
+
+pub use memory::MemoryStore;
+
+use crate::engine::{
+    CallbackOutcome, Claimed, Decide, Engine, EngineOptions, Input, NativeDecider, Reply, Report,
+    Step, StepError, SubmitResult, WorkerView,
+};
+use crate::model::{Actor, Change, Heartbeat, Submission, Task, TaskId};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use std::fmt::Write as _;
+
+/// How the driver's callback receivers answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallbackReceiver {
+    /// Every delivery succeeds with HTTP 200.
+    Accept,
+    /// Every delivery fails with this reason.
+    Refuse(String),
+}
+
+/// Where the first virtual moment of a run is: a round number, so transcripts are easy to read.
+pub const START_MS: u64 = 1_000_000;
+
+pub struct Driver {
+    engine: Engine,
+    store: MemoryStore,
+    decide: Box<dyn Decide>,
+    random: SmallRng,
+    now_ms: u64,
+    callbacks: CallbackReceiver,
+    /// One line per event and per worker event, in order: the run's transcript.
+    transcript: String,
+}
+
+impl Driver {
+    /// A driver with the host's own policies (`NativeDecider`) at `START_MS`.
+    pub fn new(seed: u64, options: EngineOptions) -> Driver {
+        Driver::with_decide(seed, options, Box::new(NativeDecider::default()))
+    }
+
+    pub fn with_decide(seed: u64, options: EngineOptions, decide: Box<dyn Decide>) -> Driver {
+        let mut driver = Driver {
+            engine: Engine::new(options),
+            store: MemoryStore::default(),
+            decide,
+            random: SmallRng::seed_from_u64(seed),
+            now_ms: START_MS,
+            callbacks: CallbackReceiver::Accept,
+            transcript: String::new(),
+        };
+        driver.step(Input::PoliciesChanged);
+        driver
+    }
+
+    pub fn set_callback_receiver(&mut self, receiver: CallbackReceiver) {
+        self.callbacks = receiver;
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    /// Moves the clock to `at_ms` without a tick; time never goes back.
+    pub fn advance_to(&mut self, at_ms: u64) {
+        self.now_ms = self.now_ms.max(at_ms);
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    /// The latest record of task `id`.
+    pub fn task(&self, id: TaskId) -> Option<&Task> {
+        self.store.get(id)
+    }
+
+    pub fn transcript(&self) -> &str {
+        &self.transcript
+    }
+
+    /// Runs one input through the engine at the current time and commits what it planned.
+    /// Callbacks it hands out are answered at once, each as a step of its own.
+    pub fn step(&mut self, input: Input) -> Reply {
+        let Step {
+            change,
+            reply,
+            callbacks,
+        } = self.engine.step(
+            input,
+            self.now_ms,
+            &mut self.random,
+            self.decide.as_ref(),
+            &self.store,
+        );
+        self.commit(change);
+        for job in callbacks {
+            let outcome = match &self.callbacks {
+                CallbackReceiver::Accept => CallbackOutcome::Delivered { status: 200 },
+                CallbackReceiver::Refuse(reason) => CallbackOutcome::Failed {
+                    reason: reason.clone(),
+                },
+            };
+            self.step(Input::CallbackDone {
+                id: job.id,
+                attempt: job.attempt,
+                outcome,
+            });
+        }
+        reply
+    }
+
+    fn commit(&mut self, change: Change) {
+        for event in &change.events {
+            let _ = writeln!(
+                self.transcript,
+                "{} {} {} {}->{} {} {}",
+                event.seq,
+                event.at_ms,
+                event.task_id,
+                event.from.map_or("none", |s| s.as_str()),
+                event.to,
+                event.actor,
+                event.detail.as_deref().unwrap_or("")
+            );
+        }
+        for event in &change.worker_events {
+            let _ = writeln!(
+                self.transcript,
+                "w{} {} {} {}->{} {}",
+                event.seq, event.at_ms, event.worker, event.from, event.to, event.reason
+            );
+        }
+        self.store.commit(change);
+    }
+
+    /// Submits one task; its answer.
+    pub fn submit(&mut self, submission: Submission) -> SubmitResult {
+        match self.step(Input::Submit(vec![submission])) {
+            Reply::Submitted(mut results) => results
+                .pop()
+                .unwrap_or_else(|| Err(StepError::Internal("no answer".into()))),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn heartbeat(
+        &mut self,
+        worker: &str,
+        heartbeat: Heartbeat,
+    ) -> Result<Vec<WorkerView>, StepError> {
+        match self.step(Input::Heartbeat {
+            worker: worker.to_owned(),
+            heartbeat,
+        }) {
+            Reply::Workers(result) => result,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn claim(&mut self, worker: &str, max: usize) -> Result<Claimed, StepError> {
+        match self.step(Input::Claim {
+            worker: worker.to_owned(),
+            max,
+        }) {
+            Reply::Claimed(result) => result,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn report(&mut self, id: TaskId, token: &str, report: Report) -> Result<Task, StepError> {
+        match self.step(Input::Reports(vec![(id, token.to_owned(), report)])) {
+            Reply::Reports(mut results) => results
+                .pop()
+                .unwrap_or_else(|| Err(StepError::Internal("no answer".into()))),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn cancel(&mut self, id: TaskId, actor: Actor) -> Result<Task, StepError> {
+        match self.step(Input::Cancel { id, actor }) {
+            Reply::Task(result) => result,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Moves the clock on by `step_ms` and runs a tick there.
+    pub fn tick(&mut self, step_ms: u64) {
+        self.now_ms = self.now_ms.saturating_add(step_ms);
+        self.step(Input::Tick {
+            callback_slots: usize::MAX,
+        });
+    }
+}
+
+fn unexpected(reply: Reply) -> StepError {
+    StepError::Internal(format!(
+        "a step answered with a reply of another kind: {reply:?}"
+    ))
+}
+
+#[cfg(test)]
+mod tests;
