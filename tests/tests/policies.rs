@@ -212,3 +212,53 @@ async fn hostile_uploads_get_clear_4xx_and_the_server_keeps_serving() {
     submit_normal(&client, &server).await;
     assert_eq!(server.terminate().code(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_activation_takes_the_new_bucket_weights_without_waiting_for_an_aging_tick() {
+    let dir = tempfile::tempdir().unwrap();
+    // An hour between aging ticks: only the activation itself can bring the new weights in.
+    let config = dir.path().join("sluice.toml");
+    std::fs::write(&config, "aging_interval_ms = 3600000\n").unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start_with(&data, &["--config", config.to_str().unwrap()]);
+    let client = http();
+    let weights = |stats: &Answer| stats.body["bucket_weights"].clone();
+    let stats = get_json(&client, &server.endpoint("/v1/stats")).await;
+    assert_eq!(weights(&stats), json!([60, 35, 5]));
+
+    let priority = policy_component("priority-buckets", None);
+    let uploaded = put_policy(
+        &client,
+        &server,
+        "priority",
+        priority,
+        Some("weights=10,80,10"),
+    )
+    .await;
+    assert_eq!(uploaded.status, 201, "{:?}", uploaded.body);
+    let activate = server.endpoint("/v1/policies/priority/activate");
+    let activated = post_json(&client, &activate, &json!({"version": 1})).await;
+    assert_eq!(activated.status, 200, "{:?}", activated.body);
+    wait_for(
+        "the new weights",
+        std::time::Duration::from_secs(10),
+        || async {
+            let stats = get_json(&client, &server.endpoint("/v1/stats")).await;
+            (weights(&stats) == json!([10, 80, 10])).then_some(())
+        },
+    )
+    .await;
+
+    let rollback = server.endpoint("/v1/policies/priority/rollback");
+    let rolled = answer(client.post(&rollback).send().await.unwrap()).await;
+    assert_eq!(rolled.status, 200, "{:?}", rolled.body);
+    wait_for(
+        "the old weights",
+        std::time::Duration::from_secs(10),
+        || async {
+            let stats = get_json(&client, &server.endpoint("/v1/stats")).await;
+            (weights(&stats) == json!([60, 35, 5])).then_some(())
+        },
+    )
+    .await;
+}

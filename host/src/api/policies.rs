@@ -118,6 +118,7 @@ pub async fn activate(
         Ok(registry.activate(kind, version, now_ms)?)
     })
     .await?;
+    state.scheduler.policies_changed();
     Ok(Json(status))
 }
 
@@ -130,6 +131,7 @@ pub async fn rollback(
         Ok(registry.rollback(kind, now_ms)?)
     })
     .await?;
+    state.scheduler.policies_changed();
     Ok(Json(status))
 }
 

@@ -1,8 +1,8 @@
 //! Split and merge bookkeeping. A parent goes Queued → Split and its children are created
 //! beside it, as ordinary queued tasks, in one change; each child that ends is counted on the
 //! parent; when all have ended (or the parent's merge deadline passes) the parent goes
-//! Split → Merging → Completed or Failed with the answer the shell merged. The merge itself
-//! (a policy call over the children's results) is the shell's: the engine only plans.
+//! Split → Merging → Completed or Failed with the merged answer. These are the plans; the
+//! step (`step/split.rs`) calls the split and merge policies and follows the family.
 
 use super::Engine;
 use crate::model::{

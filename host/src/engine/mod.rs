@@ -36,9 +36,7 @@ pub use family::{ChildPlan, SHARD_LABEL, ready_to_merge};
 pub use queues::{BucketQueues, Waiting};
 pub use reaper::Due;
 pub use reports::{Report, RetryDecision, Verdict, judge_report};
-pub use step::{
-    CallbackJob, Claimed, Input, Read, Reply, Step, StepError, SubmitResult, Submitted,
-};
+pub use step::{CallbackJob, Claimed, Input, Read, Reply, Step, StepError, Submitted};
 pub use views::failure as failure_view;
 pub use workers::{TooManyWorkers, WorkerView};
 

@@ -254,6 +254,15 @@ impl Scheduler {
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
+    /// Tells the engine that a policy version was activated or rolled back, so it takes the
+    /// priority policy's bucket weights now. A full queue skips it: the next aging tick takes
+    /// them anyway.
+    pub fn policies_changed(&self) {
+        if let Err(error) = self.step(Input::PoliciesChanged, Answer::Done(None)) {
+            tracing::debug!(%error, "the bucket weights wait for the next aging tick");
+        }
+    }
+
     /// Signalled when tasks join a queue. Arm a wait on it before a claim that may come back
     /// empty, so a task queued in between is not missed.
     pub fn work_queued(&self) -> Arc<WorkSignal> {

@@ -11,7 +11,7 @@ pub use memory::MemoryStore;
 
 use crate::engine::{
     CallbackOutcome, Claimed, Decide, Engine, EngineOptions, Input, NativeDecider, Reply, Report,
-    Step, StepError, SubmitResult, WorkerView,
+    Step, StepError, Submitted, WorkerView,
 };
 use crate::model::{Actor, Change, Heartbeat, Submission, Task, TaskId};
 use rand::SeedableRng;
@@ -147,7 +147,7 @@ impl Driver {
     }
 
     /// Submits one task; its answer.
-    pub fn submit(&mut self, submission: Submission) -> SubmitResult {
+    pub fn submit(&mut self, submission: Submission) -> Result<Submitted, StepError> {
         match self.step(Input::Submit(vec![submission])) {
             Reply::Submitted(mut results) => results
                 .pop()

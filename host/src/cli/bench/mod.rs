@@ -5,6 +5,7 @@ mod e2e;
 mod policy;
 mod restart;
 mod server_histograms;
+mod sim;
 mod submit;
 
 #[derive(clap::Subcommand)]
@@ -17,6 +18,8 @@ pub enum BenchCommand {
     E2e(e2e::E2eBenchArgs),
     /// Cost per decision of each default policy, WASM against native; compile and swap time.
     Policy(policy::PolicyBenchArgs),
+    /// The seeded mixed workload on the virtual-time driver: tasks/s of the engine's step alone.
+    Sim(sim::SimBenchArgs),
 }
 
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
@@ -25,5 +28,6 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Restart(args) => restart::run(args).await,
         BenchCommand::Policy(args) => policy::run(args).await,
         BenchCommand::E2e(args) => e2e::run(args).await,
+        BenchCommand::Sim(args) => sim::run(args).await,
     }
 }

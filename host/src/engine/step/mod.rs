@@ -133,8 +133,6 @@ pub struct Submitted {
     pub replayed: bool,
 }
 
-pub type SubmitResult = Result<Submitted, StepError>;
-
 /// A claim's answer: the leased tasks (their records carry the leases), or why there are none.
 #[derive(Clone, Debug, Default)]
 pub struct Claimed {
@@ -147,7 +145,7 @@ pub struct Claimed {
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 pub enum Reply {
-    Submitted(Vec<SubmitResult>),
+    Submitted(Vec<Result<Submitted, StepError>>),
     /// A cancel's answer.
     Task(Result<Task, StepError>),
     Reports(Vec<Result<Task, StepError>>),
@@ -272,7 +270,7 @@ impl Stepper<'_> {
         }
     }
 
-    fn submit_all(&mut self, submissions: Vec<Submission>) -> Vec<SubmitResult> {
+    fn submit_all(&mut self, submissions: Vec<Submission>) -> Vec<Result<Submitted, StepError>> {
         // One policy call for the whole input; a replayed submission's admission is simply
         // not used.
         let specs: Vec<&TaskSpec> = submissions.iter().map(|s| &s.spec).collect();
@@ -292,7 +290,11 @@ impl Stepper<'_> {
             .collect()
     }
 
-    fn submit(&mut self, submission: Submission, admission: &Admission) -> SubmitResult {
+    fn submit(
+        &mut self,
+        submission: Submission,
+        admission: &Admission,
+    ) -> Result<Submitted, StepError> {
         let existing = match &submission.spec.key {
             Some(key) => match self.keys.get(key) {
                 Some(record) => Some(*record),
