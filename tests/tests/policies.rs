@@ -213,6 +213,20 @@ async fn hostile_uploads_get_clear_4xx_and_the_server_keeps_serving() {
     assert_eq!(server.terminate().code(), Some(0));
 }
 
+/// Waits until `/v1/stats` shows `expected` as the bucket weights.
+async fn wait_for_weights(client: &reqwest::Client, server: &Server, expected: Value) {
+    let url = server.endpoint("/v1/stats");
+    wait_for(
+        "the bucket weights",
+        std::time::Duration::from_secs(10),
+        || async {
+            let stats = get_json(client, &url).await;
+            (stats.body["bucket_weights"] == expected).then_some(())
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_activation_takes_the_new_bucket_weights_without_waiting_for_an_aging_tick() {
     let dir = tempfile::tempdir().unwrap();
@@ -222,9 +236,8 @@ async fn an_activation_takes_the_new_bucket_weights_without_waiting_for_an_aging
     let data = dir.path().join("data");
     let server = Server::start_with(&data, &["--config", config.to_str().unwrap()]);
     let client = http();
-    let weights = |stats: &Answer| stats.body["bucket_weights"].clone();
     let stats = get_json(&client, &server.endpoint("/v1/stats")).await;
-    assert_eq!(weights(&stats), json!([60, 35, 5]));
+    assert_eq!(stats.body["bucket_weights"], json!([60, 35, 5]));
 
     let priority = policy_component("priority-buckets", None);
     let uploaded = put_policy(
@@ -239,26 +252,10 @@ async fn an_activation_takes_the_new_bucket_weights_without_waiting_for_an_aging
     let activate = server.endpoint("/v1/policies/priority/activate");
     let activated = post_json(&client, &activate, &json!({"version": 1})).await;
     assert_eq!(activated.status, 200, "{:?}", activated.body);
-    wait_for(
-        "the new weights",
-        std::time::Duration::from_secs(10),
-        || async {
-            let stats = get_json(&client, &server.endpoint("/v1/stats")).await;
-            (weights(&stats) == json!([10, 80, 10])).then_some(())
-        },
-    )
-    .await;
+    wait_for_weights(&client, &server, json!([10, 80, 10])).await;
 
     let rollback = server.endpoint("/v1/policies/priority/rollback");
     let rolled = answer(client.post(&rollback).send().await.unwrap()).await;
     assert_eq!(rolled.status, 200, "{:?}", rolled.body);
-    wait_for(
-        "the old weights",
-        std::time::Duration::from_secs(10),
-        || async {
-            let stats = get_json(&client, &server.endpoint("/v1/stats")).await;
-            (weights(&stats) == json!([60, 35, 5])).then_some(())
-        },
-    )
-    .await;
+    wait_for_weights(&client, &server, json!([60, 35, 5])).await;
 }
