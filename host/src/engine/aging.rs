@@ -2,8 +2,7 @@
 //! tick, and the promotions it answers move them up a bucket, each as an event.
 
 use super::{Engine, from_bucket};
-use crate::model::Change;
-use crate::model::{Actor, Priority, State, Task, TaskId};
+use crate::model::{Actor, Change, Priority, State, Task, TaskId};
 use policy_packed::View;
 
 impl Engine {

@@ -3,8 +3,7 @@
 //! task's timeline, and failures are retried with capped exponential backoff up to a bound.
 
 use super::Engine;
-use crate::model::{Actor, Task};
-use crate::model::{Change, TaskWrite};
+use crate::model::{Actor, Change, Task, TaskWrite};
 
 /// Attempts at most; then the delivery is given up, with an event.
 pub const MAX_CALLBACK_ATTEMPTS: u32 = 12;

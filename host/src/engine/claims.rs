@@ -4,8 +4,7 @@
 
 use super::breaker::{Allowance, BreakerState};
 use super::{Engine, Waiting};
-use crate::model::Change;
-use crate::model::{Actor, Lease, Priority, State, Task, TaskId, WorkerEvent};
+use crate::model::{Actor, Change, Lease, Priority, State, Task, TaskId, WorkerEvent};
 use std::collections::BTreeSet;
 
 /// A task picked for a worker, and the GPU it will occupy there.

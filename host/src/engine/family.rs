@@ -6,10 +6,9 @@
 
 use super::Engine;
 use crate::model::{
-    Actor, Family, FamilyPart, IllegalTransition, MergedAnswer, ShardFilter, State, Task,
-    TaskError, TaskId, VectorQuery,
+    Actor, Change, Family, FamilyPart, IllegalTransition, MergedAnswer, NewTask, ShardFilter,
+    State, Task, TaskError, TaskId, TaskWrite, VectorQuery,
 };
-use crate::model::{Change, NewTask, TaskWrite};
 
 /// The label a child carries so that only a worker holding its data claims it.
 pub const SHARD_LABEL: &str = "shard";

@@ -41,10 +41,9 @@ pub use views::failure as failure_view;
 pub use workers::{TooManyWorkers, WorkerView};
 
 use crate::model::{
-    Actor, Admission, Event, IdGenerator, IllegalTransition, State, Submission, Task, TaskId,
-    WorkerEvent,
+    Actor, Admission, Change, Event, IdGenerator, IllegalTransition, KeyRecord, NewTask, Recovery,
+    State, Submission, Task, TaskId, TaskWrite, WorkerEvent,
 };
-use crate::model::{Change, KeyRecord, NewTask, Recovery, TaskWrite};
 use workers::Workers;
 
 /// How a submission's idempotency key relates to what is stored.

@@ -2,8 +2,7 @@
 //! over, overall deadlines. Read from the timer index, never from a scan of all tasks.
 
 use super::{Engine, timers};
-use crate::model::Change;
-use crate::model::{Actor, FailureClass, IllegalTransition, State, Task, TaskId};
+use crate::model::{Actor, Change, FailureClass, IllegalTransition, State, Task, TaskId};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Due {

@@ -2,8 +2,9 @@
 //! the lease token they carry, and the failure path through the retry decision.
 
 use super::Engine;
-use crate::model::Change;
-use crate::model::{Actor, FailureClass, IllegalTransition, State, Task, TaskError, WorkerEvent};
+use crate::model::{
+    Actor, Change, FailureClass, IllegalTransition, State, Task, TaskError, WorkerEvent,
+};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Report {

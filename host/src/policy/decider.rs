@@ -10,8 +10,7 @@ use crate::engine::{
     Decide, Decided, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
 };
 use crate::engine::{RetryDecision, from_bucket, to_bucket};
-use crate::model::ShardFilter;
-use crate::model::{Admission, TaskSpec};
+use crate::model::{Admission, ShardFilter, TaskSpec};
 use policy_packed::{Bucket, Failure, Hit, View, name_code};
 use std::sync::Arc;
 

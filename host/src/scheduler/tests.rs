@@ -3,8 +3,7 @@
 
 use super::*;
 use crate::engine::{NativeDecider, StepError};
-use crate::model::{Change, KeyRecord, Recovery};
-use crate::model::{Limits, State, TaskSpec};
+use crate::model::{Change, KeyRecord, Limits, Recovery, State, TaskSpec};
 use crate::store::{ListPage, ListQuery, SledOptions, SledStore};
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -2,8 +2,7 @@
 //! waits, execution times, failures, retries and deaths.
 
 use super::labels::{LabelBudget, failure_reason};
-use crate::model::Change;
-use crate::model::{State, Task, TaskId};
+use crate::model::{Change, State, Task, TaskId};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
