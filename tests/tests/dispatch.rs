@@ -113,7 +113,7 @@ async fn a_zombie_reporting_with_its_expired_token_gets_409_and_the_new_attempt_
     assert!(
         details
             .iter()
-            .any(|d| d.contains("complete report refused")),
+            .any(|d| d.contains("complete report of attempt 1 refused")),
         "{details:#?}"
     );
     let completions = details

@@ -602,3 +602,79 @@ async fn the_grafana_dashboard_queries_only_metrics_the_server_exports() {
     }
     assert!(checked >= 30, "only {checked} metric references found");
 }
+
+/// Junk reports (tokens that never held the task) and a replayed submission of a leased task:
+/// the junk is refused 409 and counted, and writes nothing; the replay shows no token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junk_reports_are_counted_and_write_nothing_and_a_replay_shows_no_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let client = http();
+    let body = json!({"kind": "oct.scan", "key": "exam-1", "payload": {"eye": "left"}});
+    let id = submit(&client, &server, body.clone()).await;
+    register_worker(&client, &server, "w", 1).await;
+    let lease = claim_lease(&client, &server, "w").await;
+    let token = lease["lease_token"].as_str().unwrap().to_owned();
+    assert_eq!(token.len(), 32);
+
+    let replay = post_json(&client, &server.endpoint("/v1/tasks"), &body).await;
+    assert_eq!((replay.status, replay.replayed), (200, true));
+    assert_eq!(replay.body["state"], "claimed");
+    assert_eq!(replay.body["lease"]["worker"], "w");
+    assert!(
+        !replay.body.to_string().contains(&token),
+        "the replay leaked the token"
+    );
+    let batch = post_json(
+        &client,
+        &server.endpoint("/v1/tasks:batch"),
+        &json!({"tasks": [body]}),
+    )
+    .await;
+    assert_eq!(batch.status, 200, "{:?}", batch.body);
+    assert!(
+        !batch.body.to_string().contains(&token),
+        "the batch leaked the token"
+    );
+
+    let record = || async {
+        let task = get_json(&client, &server.endpoint(&format!("/v1/tasks/{id}"))).await;
+        let events = get_json(&client, &server.endpoint(&format!("/v1/tasks/{id}/events"))).await;
+        (
+            task.body.to_string(),
+            events.body["events"].as_array().unwrap().len(),
+        )
+    };
+    let before = record().await;
+    for n in 0..500 {
+        let junk = format!("{n:032x}");
+        let refused = report(
+            &client,
+            &server,
+            &id,
+            "complete",
+            json!({"lease_token": junk, "result": 1}),
+        )
+        .await;
+        assert_problem(&refused, 409, "stale-lease");
+    }
+    assert_eq!(
+        record().await,
+        before,
+        "junk reports changed the task or its timeline"
+    );
+    let metrics = scrape(&client, &server).await;
+    assert_eq!(
+        value(&metrics, "sluice_reports_refused", &[("logged", "false")]),
+        500.0
+    );
+    let done = report(
+        &client,
+        &server,
+        &id,
+        "complete",
+        json!({"lease_token": token, "result": 1}),
+    )
+    .await;
+    assert_eq!(done.status, 200, "{:?}", done.body);
+}

@@ -1,5 +1,6 @@
 //! The seed's load, scaled to CI: 800 tasks in mixed priorities submitted at once, 8 real
-//! `sluice worker` processes, 2 failing 30 % of their attempts and 1 SIGKILLed mid-run. Every
+//! `sluice worker --max-concurrency 4` processes (one GPU each, the default), 2 failing 30 % of
+//! their attempts and 1 SIGKILLed mid-run. Every
 //! task ends Completed, or Dead only with its attempts spent on injected failures; none
 //! completes twice; none is lost or left behind.
 
@@ -35,7 +36,8 @@ async fn eight_hundred_tasks_eight_workers_two_flaky_one_killed_nothing_lost_or_
     let mut workers = Vec::new();
     for n in 0..8 {
         let id = format!("gpu-{n}");
-        let mut args = vec!["--gpus", "4", "--exec-ms", "60"];
+        // The flags a user would pass: one GPU (the default) shared by four attempts.
+        let mut args = vec!["--max-concurrency", "4", "--exec-ms", "60"];
         let seed = n.to_string();
         if n < 2 {
             args.extend(["--fail-rate", "0.3", "--seed", &seed]);
@@ -51,7 +53,7 @@ async fn eight_hundred_tasks_eight_workers_two_flaky_one_killed_nothing_lost_or_
             .map(|i| {
                 let priority = ["urgent", "normal", "low"][(b * 8 + i) % 3];
                 json!({"kind": "oct.inference", "priority": priority, "key": format!("scan-{b}-{i}"),
-                       "resources": {"gpu_memory_mb": 8000}})
+                       "resources": {"gpu_memory_mb": 4000}})
             })
             .collect();
         let client = client.clone();

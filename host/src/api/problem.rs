@@ -254,7 +254,9 @@ impl From<StepError> for ApiError {
             StepError::NotFound(id) => ApiError::TaskNotFound(id),
             StepError::KeyConflict { key, task_id } => ApiError::KeyConflict { key, task_id },
             illegal @ StepError::Illegal { .. } => ApiError::InvalidTransition(illegal.to_string()),
-            StepError::StaleLease { task_id, reason } => ApiError::StaleLease { task_id, reason },
+            StepError::StaleLease {
+                task_id, reason, ..
+            } => ApiError::StaleLease { task_id, reason },
             StepError::UnknownWorker(worker) => ApiError::WorkerNotFound(worker),
             StepError::TooManyWorkers(_) => ApiError::Overloaded,
             StepError::SplitRefused(reason) => ApiError::SplitRefused(reason),

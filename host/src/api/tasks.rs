@@ -65,7 +65,8 @@ fn submitted_response(submitted: Submitted) -> Response {
         StatusCode::CREATED
     };
     let location = format!("/v1/tasks/{}", submitted.task.id);
-    let mut response = (status, Json(submitted.task)).into_response();
+    // A replayed task may be leased: its token is for the worker that claimed it, no one else.
+    let mut response = (status, Json(submitted.task.without_token())).into_response();
     let headers = response.headers_mut();
     if let Ok(location) = HeaderValue::from_str(&location) {
         headers.insert(header::LOCATION, location);
@@ -99,7 +100,7 @@ impl BatchItem {
         match result {
             Ok(submitted) => {
                 let status = if submitted.replayed { 200 } else { 201 };
-                BatchItem::task(status, submitted.task, submitted.replayed)
+                BatchItem::task(status, submitted.task.without_token(), submitted.replayed)
             }
             Err(error) => BatchItem::from_error(error.into()),
         }

@@ -30,7 +30,9 @@ pub struct WorkerArgs {
     /// Labels tasks may require, as k=v,k2=v2
     #[arg(long, value_parser = parse_labels, default_value = "")]
     labels: BTreeMap<String, String>,
-    /// Attempts run at once [default: the number of GPUs, at least 1]
+    /// Attempts run at once, spread over the GPUs: each GPU takes up to
+    /// max-concurrency / gpus of them (rounded up) while its memory lasts [default: the number
+    /// of GPUs, at least 1]
     #[arg(long)]
     max_concurrency: Option<u32>,
     /// How long each synthetic attempt takes, in ms [default: 50]; with --vectors, a delay

@@ -87,6 +87,10 @@ impl Engine {
         }
         let want = max.min(allowed).min(slots);
         let mut free_gpus = worker.free_gpus();
+        if free_gpus.is_empty() && !worker.heartbeat.gpus.is_empty() {
+            // Every place on its GPUs is taken: nothing can fit until a lease ends.
+            return (Err(NoClaim::Full), event);
+        }
         let mut chosen: BTreeSet<TaskId> = BTreeSet::new();
         let mut picks = Vec::with_capacity(want);
         while picks.len() < want {
@@ -104,8 +108,12 @@ impl Engine {
             let Some((task, gpu)) = candidates[bucket.index()] else {
                 break;
             };
-            if let Some(gpu) = gpu {
-                free_gpus.remove(&gpu);
+            if let Some(room) = gpu.and_then(|gpu| free_gpus.get_mut(&gpu)) {
+                let memory_mb = self.queues.get(task).map_or(0, |w| w.gpu_memory_mb);
+                room.take(memory_mb);
+                if room.places == 0 {
+                    free_gpus.retain(|_, room| room.places > 0);
+                }
             }
             chosen.insert(task);
             picks.push(Pick { task, gpu });
@@ -134,6 +142,7 @@ impl Engine {
             claimed_at_ms: now_ms,
             started_at_ms: None,
             gpu,
+            refusal_logged: false,
         };
         let detail = format!("attempt {attempt} leased to worker {worker}");
         self.plan_with(
@@ -144,7 +153,19 @@ impl Engine {
             Some(detail),
             |after| {
                 after.attempt = attempt;
-                after.lease = Some(lease);
+                if let Some(old) = after.lease.replace(lease) {
+                    after.retired_leases.push(crate::model::RetiredLease {
+                        token_sha256: crate::model::token_digest(&old.token),
+                        attempt: old.attempt,
+                        worker: old.worker,
+                        refusal_logged: old.refusal_logged,
+                    });
+                    let excess = after
+                        .retired_leases
+                        .len()
+                        .saturating_sub(crate::model::MAX_RETIRED_LEASES);
+                    after.retired_leases.drain(..excess);
+                }
                 after.not_before_ms = None;
             },
         )

@@ -288,6 +288,7 @@ impl Engine {
             event_seqs: Vec::new(),
             parent: None,
             family: None,
+            retired_leases: Vec::new(),
         };
         let created = self.event(
             0,
@@ -469,7 +470,11 @@ impl Engine {
         }
         if let Some(lease) = &task.lease {
             if leased(Some(task.state)) {
-                self.workers.hold(&lease.worker, task.id, lease.gpu);
+                let share = lease.gpu.map(|gpu| workers::GpuShare {
+                    gpu,
+                    memory_mb: task.resources.gpu_memory_mb,
+                });
+                self.workers.hold(&lease.worker, task.id, share);
                 if previous == Some(State::Queued) {
                     let worker = self.workers.entry(&lease.worker);
                     worker.claims_served += 1;

@@ -37,37 +37,73 @@ pub enum Verdict {
     Fresh,
     /// The current (or just ended) attempt said this already: answer as before, change nothing.
     Replay,
-    /// Not the current attempt's, or its lease is over: refuse, and log the attempt.
-    Stale(String),
+    /// From a genuine holder of this task's lease, the current one or an earlier one, whose
+    /// lease is over: refuse. `log` says whether to record it on the timeline: once per
+    /// attempt, so a holder that keeps reporting grows nothing.
+    Stale {
+        reason: String,
+        worker: String,
+        attempt: u32,
+        log: bool,
+    },
+    /// The token never held this task's lease: refuse, and write nothing.
+    Unknown,
 }
 
 /// Judges `report` carrying `token` against `task` at `now_ms`.
 pub fn judge_report(now_ms: u64, task: &Task, token: &str, report: &Report) -> Verdict {
     let Some(lease) = &task.lease else {
-        return Verdict::Stale("the task has never been leased".into());
+        return Verdict::Unknown;
     };
     if lease.token != token {
-        return Verdict::Stale(format!(
-            "the token is not that of the current attempt ({})",
-            lease.attempt
-        ));
+        let digest = crate::model::token_digest(token);
+        return match task
+            .retired_leases
+            .iter()
+            .find(|r| r.token_sha256 == digest)
+        {
+            Some(retired) => Verdict::Stale {
+                reason: format!(
+                    "the token is that of attempt {}, not of the current attempt ({})",
+                    retired.attempt, lease.attempt
+                ),
+                worker: retired.worker.clone(),
+                attempt: retired.attempt,
+                log: !retired.refusal_logged,
+            },
+            None => Verdict::Unknown,
+        };
     }
+    let stale = |reason: String| Verdict::Stale {
+        reason,
+        worker: lease.worker.clone(),
+        attempt: lease.attempt,
+        log: !lease.refusal_logged,
+    };
     let leased = matches!(task.state, State::Claimed | State::Running);
     if leased && now_ms >= lease.expires_at_ms {
-        return Verdict::Stale("the lease has expired".into());
+        return stale("the lease has expired".into());
     }
     match (task.state, report) {
         (State::Claimed, _) => Verdict::Fresh,
         (State::Running, Report::Start) => Verdict::Replay,
         (State::Running, _) => Verdict::Fresh,
         (State::Completed, Report::Complete { .. }) => Verdict::Replay,
-        // A failure already recorded, even if its retry has since been released to the queue.
-        (State::RetryWait | State::Queued | State::Dead | State::Failed, Report::Fail { .. })
-            if task.attempt == lease.attempt =>
+        // The failure this worker reported, even if its retry has since been released to the
+        // queue. A failure the scheduler recorded (the lease expired, the attempt timed out)
+        // is not the worker's: its late report is stale like any other.
+        (
+            State::RetryWait | State::Queued | State::Dead | State::Failed,
+            Report::Fail { class, .. },
+        ) if task.attempt == lease.attempt
+            && task
+                .error
+                .as_ref()
+                .is_some_and(|error| error.class == class.as_str()) =>
         {
             Verdict::Replay
         }
-        (state, _) => Verdict::Stale(format!("the attempt is over: the task is {state}")),
+        (state, _) => stale(format!("the attempt is over: the task is {state}")),
     }
 }
 
@@ -189,17 +225,37 @@ impl Engine {
         }
     }
 
-    /// Logs a refused report on the task's timeline; the task is otherwise unchanged.
+    /// Logs a refused report of `attempt`'s holder `worker` on the task's timeline, and marks
+    /// that attempt's lease as logged, so its further refusals write nothing.
     pub fn plan_refused_report(
         &self,
         now_ms: u64,
         task: &Task,
         worker: &str,
+        attempt: u32,
         report: &Report,
         reason: &str,
     ) -> Change {
-        let detail = format!("{} report refused: {reason}", report.name());
-        self.plan_note(now_ms, task, Actor::worker(worker), detail, |_| {})
+        let detail = format!(
+            "{} report of attempt {attempt} refused: {reason}",
+            report.name()
+        );
+        self.plan_note(
+            now_ms,
+            task,
+            Actor::worker(worker),
+            detail,
+            |after| match &mut after.lease {
+                Some(lease) if lease.attempt == attempt => lease.refusal_logged = true,
+                _ => {
+                    for retired in &mut after.retired_leases {
+                        if retired.attempt == attempt {
+                            retired.refusal_logged = true;
+                        }
+                    }
+                }
+            },
+        )
     }
 
     /// Records an attempt's outcome against its worker's breaker. `failure` is the class of a

@@ -115,6 +115,7 @@ fn recovery_rebuilds_queues_leases_and_numbering_from_the_live_tasks() {
         claimed_at_ms: 30_000,
         started_at_ms: None,
         gpu: None,
+        refusal_logged: false,
     });
     let recovery = Recovery {
         last_event_seq: 41,

@@ -6,15 +6,31 @@ use super::breaker::{Breaker, BreakerState};
 use super::queues::Waiting;
 use crate::model::{Actor, Heartbeat, TaskId, WorkerEvent};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+
+/// The part of one GPU a lease occupies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuShare {
+    pub gpu: u32,
+    pub memory_mb: u64,
+}
+
+/// What is left of one GPU for more leases: places (tasks it may still take) and memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuRoom {
+    pub places: u32,
+    pub memory_mb: u64,
+    /// Its whole memory, so the smallest GPU that fits is taken and large ones stay free.
+    pub total_memory_mb: u64,
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerState {
     pub heartbeat: Heartbeat,
     /// None for a worker known only from leases recovered at start.
     pub last_heartbeat_ms: Option<u64>,
-    /// Each lease it holds, with the GPU it occupies.
-    pub leases: BTreeMap<TaskId, Option<u32>>,
+    /// Each lease it holds, with the GPU it occupies and how much of that GPU's memory.
+    pub leases: BTreeMap<TaskId, Option<GpuShare>>,
     pub breaker: Breaker,
     pub claims_served: u64,
 }
@@ -40,21 +56,41 @@ impl WorkerState {
         (self.heartbeat.max_concurrency as usize).saturating_sub(self.leases.len())
     }
 
-    /// GPUs Sluice may use and no lease of this worker occupies.
-    pub fn free_gpus(&self) -> BTreeSet<u32> {
-        let taken: BTreeSet<u32> = self.leases.values().flatten().copied().collect();
-        (0u32..)
-            .zip(&self.heartbeat.gpus)
-            .filter(|(index, gpu)| gpu.free && !taken.contains(index))
-            .map(|(index, _)| index)
-            .collect()
+    /// Tasks one GPU runs at once: `max_concurrency` spread over the GPUs, rounded up (so a
+    /// worker with one GPU and `max_concurrency` 4 runs four tasks on it).
+    pub fn places_per_gpu(&self) -> u32 {
+        let gpus = self.heartbeat.gpus.len().max(1) as u32;
+        self.heartbeat.max_concurrency.max(1).div_ceil(gpus)
     }
 
-    /// Whether `task` may run here with the GPUs in `free_gpus` (its labels and kind must
-    /// match): `Some(gpu)` says where
-    /// (the smallest GPU that fits, so large ones stay for large tasks), `Some(None)` that
-    /// it needs no GPU.
-    pub fn fit(&self, task: &Waiting, free_gpus: &BTreeSet<u32>) -> Option<Option<u32>> {
+    /// Each GPU Sluice may use that has a place and memory left, by index in the heartbeat.
+    pub fn free_gpus(&self) -> BTreeMap<u32, GpuRoom> {
+        let places = self.places_per_gpu();
+        let mut rooms: BTreeMap<u32, GpuRoom> = (0u32..)
+            .zip(&self.heartbeat.gpus)
+            .filter(|(_, gpu)| gpu.free)
+            .map(|(index, gpu)| {
+                let room = GpuRoom {
+                    places,
+                    memory_mb: gpu.memory_mb,
+                    total_memory_mb: gpu.memory_mb,
+                };
+                (index, room)
+            })
+            .collect();
+        for share in self.leases.values().flatten() {
+            if let Some(room) = rooms.get_mut(&share.gpu) {
+                room.take(share.memory_mb);
+            }
+        }
+        rooms.retain(|_, room| room.places > 0);
+        rooms
+    }
+
+    /// Whether `task` may run here with the room in `free_gpus` (its labels and kind must
+    /// match): `Some(gpu)` says where — the smallest GPU whose memory left fits it, the less
+    /// loaded of equal ones — and `Some(None)` that it needs no GPU.
+    pub fn fit(&self, task: &Waiting, free_gpus: &BTreeMap<u32, GpuRoom>) -> Option<Option<u32>> {
         let labels_match = task
             .labels
             .iter()
@@ -73,12 +109,17 @@ impl WorkerState {
         }
         free_gpus
             .iter()
-            .filter_map(|&index| {
-                let gpu = self.heartbeat.gpus.get(index as usize)?;
-                (gpu.memory_mb >= task.gpu_memory_mb).then_some((gpu.memory_mb, index))
-            })
-            .min()
-            .map(|(_, index)| Some(index))
+            .filter(|(_, room)| room.memory_mb >= task.gpu_memory_mb)
+            .min_by_key(|&(&index, room)| (room.total_memory_mb, u32::MAX - room.places, index))
+            .map(|(&index, _)| Some(index))
+    }
+}
+
+impl GpuRoom {
+    /// Takes one place and `memory_mb` of memory for a lease.
+    pub fn take(&mut self, memory_mb: u64) {
+        self.places = self.places.saturating_sub(1);
+        self.memory_mb = self.memory_mb.saturating_sub(memory_mb);
     }
 }
 
@@ -128,8 +169,8 @@ impl Workers {
             .or_insert_with(WorkerState::new)
     }
 
-    pub fn hold(&mut self, worker: &str, task: TaskId, gpu: Option<u32>) {
-        self.entry(worker).leases.insert(task, gpu);
+    pub fn hold(&mut self, worker: &str, task: TaskId, share: Option<GpuShare>) {
+        self.entry(worker).leases.insert(task, share);
     }
 
     pub fn release(&mut self, worker: &str, task: TaskId) {
@@ -166,11 +207,7 @@ impl WorkerState {
             leases: self.leases.len(),
             claims_served: self.claims_served,
             free_gpus: free.len(),
-            free_gpu_memory_mb: free
-                .iter()
-                .filter_map(|&i| self.heartbeat.gpus.get(i as usize))
-                .map(|g| g.memory_mb)
-                .sum(),
+            free_gpu_memory_mb: free.values().map(|room| room.memory_mb).sum(),
             heartbeat: self.heartbeat.clone(),
         }
     }

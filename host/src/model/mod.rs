@@ -26,7 +26,10 @@ pub use priority::Priority;
 pub use queue_entry::{QueueEntry, from_bucket, to_bucket, view as task_view};
 pub use spec::{Limits, Resources, Submission, TaskSpec, ValidationError};
 pub use state::{IllegalTransition, State};
-pub use task::{Admission, Callback, Family, FamilyPart, Lease, Task, TaskError};
+pub use task::{
+    Admission, Callback, Family, FamilyPart, Lease, MAX_RETIRED_LEASES, RetiredLease, Task,
+    TaskError, token_digest,
+};
 pub use vector::{
     Hit, MAX_DIMENSIONS as VECTOR_MAX_DIMENSIONS, MergedAnswer, Metric, ShardAnswer, ShardFilter,
     ShardQuery, VectorQuery, id_hash,

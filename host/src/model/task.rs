@@ -73,6 +73,33 @@ pub struct Task {
     /// For a split parent: its children and how many have ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub family: Option<Family>,
+    /// The leases of earlier attempts, newest last, at most `MAX_RETIRED_LEASES`: a report
+    /// with one of their tokens comes from a genuinely stale holder (logged once per attempt);
+    /// a token found neither here nor in `lease` never held the task, and writes nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired_leases: Vec<RetiredLease>,
+}
+
+/// Earlier attempts' leases a task remembers, at most; a holder older than these is answered
+/// as one whose token never held the task (409, nothing written).
+pub const MAX_RETIRED_LEASES: usize = 4;
+
+/// What a task keeps of an earlier attempt's lease: a digest of its token (never the token),
+/// whose it was, and whether a refused report of it has been logged already.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetiredLease {
+    pub token_sha256: String,
+    pub attempt: u32,
+    pub worker: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refusal_logged: bool,
+}
+
+/// The digest a retired lease keeps of its token: the first 16 bytes of its SHA-256, in hex.
+pub fn token_digest(token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(token.as_bytes());
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
 }
 
 /// A split parent's bookkeeping: what it needs to merge without reading its payload again.
@@ -116,6 +143,9 @@ pub struct Lease {
     /// The worker's GPU this attempt occupies, by index in its heartbeat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<u32>,
+    /// Whether a refused report carrying this token has been logged: one event per attempt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refusal_logged: bool,
 }
 
 /// Delivery of a completion callback: at least once, retried with backoff up to a bound.

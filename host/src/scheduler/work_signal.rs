@@ -1,6 +1,6 @@
-//! The signal that tasks joined a queue, and when: claims that long-poll wait on it, and learn
-//! from it when the work they were woken for appeared, so a claim's latency can be told apart
-//! from its wait for work.
+//! The signal that tasks joined a queue or a lease ended (its worker has room again), and
+//! when: claims that long-poll wait on it, and learn from it when the work or the room they were
+//! woken for appeared, so a claim's latency can be told apart from its wait for work.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -5,12 +5,12 @@
 
 use super::flusher::Delivery;
 use super::{Answer, Clock, Command, SchedulerError};
-use crate::engine::{Decide, Engine, Input, Read, Reply, Snapshot, Step};
+use crate::engine::{Decide, Engine, Input, Read, Reply, Snapshot, Step, StepError};
 use crate::model::{Change, KeyRecord, State, Task, TaskId};
 use crate::store::{Store, StoreError};
 use arc_swap::ArcSwap;
 use rand::SeedableRng;
-use rand::rngs::SmallRng;
+use rand::rngs::StdRng;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::mpsc::SyncSender;
@@ -139,7 +139,9 @@ pub(crate) struct Writer {
     store: Arc<dyn Store>,
     clock: Box<dyn Clock>,
     decider: Arc<dyn Decide>,
-    random: SmallRng,
+    /// Lease tokens and ids are drawn here: a CSPRNG (ChaCha), so no one can predict the
+    /// next token from the ones they have seen.
+    random: StdRng,
     flusher: SyncSender<Delivery>,
     snapshot: Arc<ArcSwap<Snapshot>>,
     work_queued: Arc<super::WorkSignal>,
@@ -169,7 +171,7 @@ impl Writer {
             store,
             clock,
             decider,
-            random: SmallRng::from_os_rng(),
+            random: StdRng::from_os_rng(),
             flusher,
             snapshot,
             work_queued,
@@ -241,6 +243,13 @@ impl Writer {
             Command::Shutdown => return false,
         };
         let reply = self.step(input, group);
+        if let Reply::Reports(results) = &reply {
+            for result in results {
+                if let Err(StepError::StaleLease { logged, .. }) = result {
+                    self.metrics.refused_report(*logged);
+                }
+            }
+        }
         match (answer, reply) {
             (Answer::Submitted(reply), Reply::Submitted(results)) => {
                 group.answer(
@@ -252,11 +261,9 @@ impl Writer {
                 group.answer(reply, result.map_err(Into::into))
             }
             (Answer::Task(reply), Reply::Reports(mut results)) => {
-                let result = results.pop().unwrap_or_else(|| {
-                    Err(crate::engine::StepError::Internal(
-                        "a report got no answer".into(),
-                    ))
-                });
+                let result = results
+                    .pop()
+                    .unwrap_or_else(|| Err(StepError::Internal("a report got no answer".into())));
                 group.answer(reply, result.map_err(Into::into));
             }
             (Answer::Reports(reply), Reply::Reports(results)) => {
@@ -331,12 +338,14 @@ impl Writer {
     }
 
     fn finish(&mut self, group: Group) {
-        let queued = group
-            .change
-            .writes
-            .iter()
-            .any(|write| write.task.state == State::Queued);
-        if queued {
+        // Claims that wait are woken when work joins a queue, and when a lease ends: its
+        // worker has room again, and may be waiting with a claim for the work already queued.
+        let leased = |state: Option<State>| matches!(state, Some(State::Claimed | State::Running));
+        let woken = group.change.writes.iter().any(|write| {
+            write.task.state == State::Queued
+                || (leased(write.previous) && !leased(Some(write.task.state)))
+        });
+        if woken {
             self.work_queued.send();
         }
         let committed = if group.change.is_empty() {

@@ -7,7 +7,7 @@ use super::workload::{self, Workload};
 use super::{CallbackReceiver, Driver};
 use crate::engine::{
     BreakerState, CallbackOutcome, EngineOptions, Input, MAX_CALLBACK_ATTEMPTS, NativeDecider,
-    NoClaim, Report, Verdict, judge_report,
+    NoClaim, Report, StepError, Verdict, judge_report,
 };
 use crate::model::{Actor, FailureClass, Gpu, Heartbeat, Priority, State, Task, TaskId, TaskSpec};
 use rand::rngs::SmallRng;
@@ -287,7 +287,10 @@ fn a_lease_that_expires_goes_through_retry_and_the_old_token_is_refused() {
             result: json!("late"),
         },
     );
-    assert!(matches!(zombie, Verdict::Stale(_)), "{zombie:?}");
+    assert!(
+        matches!(&zombie, Verdict::Stale { worker, attempt: 1, log: true, .. } if worker == "a"),
+        "{zombie:?}"
+    );
     assert_eq!(record(&world, id).state, State::Claimed);
     assert_eq!(record(&world, id).lease.as_ref().unwrap().token, new_token);
     assert_eq!(
@@ -313,7 +316,11 @@ fn a_lease_that_expires_goes_through_retry_and_the_old_token_is_refused() {
         Verdict::Replay
     );
     assert_eq!(record(&world, id).state, State::Completed);
-    assert!(world.transcript().contains("complete report refused"));
+    assert!(
+        world
+            .transcript()
+            .contains("complete report of attempt 1 refused")
+    );
 }
 
 #[test]
@@ -357,7 +364,7 @@ fn claims_respect_labels_gpu_memory_and_concurrency() {
     let plain: Vec<TaskId> = (0..3)
         .map(|_| submit(&mut world, Priority::Urgent, json!({})))
         .collect();
-    heartbeat(&mut world, "two-gpus", 2, 8);
+    heartbeat(&mut world, "two-gpus", 2, 2);
     let leased = claim(&mut world, "two-gpus", 8);
     let ids: Vec<TaskId> = leased.iter().map(|t| t.id).collect();
     assert_eq!(
@@ -376,6 +383,62 @@ fn claims_respect_labels_gpu_memory_and_concurrency() {
     assert_eq!(world.engine().queues().len(Priority::Urgent), 2);
     assert!(record(&world, big).state == State::Queued);
     assert!(record(&world, labelled).state == State::Queued);
+}
+
+#[test]
+fn a_gpu_takes_its_share_of_max_concurrency_as_long_as_its_memory_lasts() {
+    let mut world = Driver::new(16, options());
+    let big: Vec<TaskId> = (0..3)
+        .map(|_| {
+            submit(
+                &mut world,
+                Priority::Urgent,
+                json!({"resources": {"gpu_memory_mb": 16_000}}),
+            )
+        })
+        .collect();
+    let small: Vec<TaskId> = (0..4)
+        .map(|_| {
+            submit(
+                &mut world,
+                Priority::Urgent,
+                json!({"resources": {"gpu_memory_mb": 1_000}}),
+            )
+        })
+        .collect();
+    // One GPU of 40 GB and four places: two 16 GB tasks fit, not a third; small ones fill the
+    // remaining places.
+    heartbeat(&mut world, "shared", 1, 4);
+    let leased: Vec<TaskId> = claim(&mut world, "shared", 8)
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(leased, [big[0], big[1], small[0], small[1]]);
+    assert!(
+        claim(&mut world, "shared", 8).is_empty(),
+        "four places, four leases"
+    );
+    let view = world.engine().worker(world.now_ms(), "shared").unwrap();
+    assert_eq!((view.leases, view.free_gpus), (4, 0));
+    // Two GPUs and max_concurrency 3: two places each, three leases in all.
+    heartbeat(&mut world, "pair", 2, 3);
+    assert_eq!(claim(&mut world, "pair", 8).len(), 3);
+    let gpus: Vec<Option<u32>> = world
+        .store()
+        .tasks()
+        .filter(|t| t.lease.as_ref().is_some_and(|l| l.worker == "pair"))
+        .map(|t| t.lease.as_ref().unwrap().gpu)
+        .collect();
+    assert_eq!(
+        gpus.iter().filter(|g| **g == Some(0)).count(),
+        2,
+        "{gpus:?}"
+    );
+    assert_eq!(
+        gpus.iter().filter(|g| **g == Some(1)).count(),
+        1,
+        "{gpus:?}"
+    );
 }
 
 #[test]
@@ -590,7 +653,7 @@ fn a_simulated_day_replays_identically_from_its_seed_and_loses_nothing() {
     // The vanished worker's leases expired and went through retry; its late reports were
     // refused.
     assert!(first.contains("lease-expired"));
-    assert!(first.contains("report refused"));
+    assert!(first.contains(" refused: "));
     // No task completed twice.
     let mut completions = std::collections::HashMap::new();
     for line in first.lines() {
@@ -713,4 +776,98 @@ fn a_hundred_thousand_task_run_replays_byte_for_byte_and_ends_every_task() {
     }
     assert!(completions.values().all(|&n| n == 1));
     assert_eq!(completions.len(), first.states[&State::Completed]);
+}
+
+#[test]
+fn junk_reports_write_nothing_and_a_stale_holder_is_logged_once_per_attempt() {
+    let mut world = Driver::new(
+        14,
+        EngineOptions {
+            lease_ms: 5_000,
+            ..options()
+        },
+    );
+    let id = submit(&mut world, Priority::Normal, json!({}));
+    heartbeat(&mut world, "a", 0, 1);
+    let first = claim(&mut world, "a", 1).remove(0);
+    let old_token = first.lease.unwrap().token;
+    let before = record(&world, id);
+    let events_before = world.store().events().len();
+    // Not the driver's seed: that generator drew the real token.
+    let mut chance = SmallRng::seed_from_u64(0x6a75_6e6b);
+    for _ in 0..100_000 {
+        let junk = format!("{:032x}", chance.random::<u128>());
+        let refused = world.report(id, &junk, Report::Complete { result: json!(1) });
+        assert!(
+            matches!(refused, Err(StepError::StaleLease { logged: false, .. })),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(record(&world, id), before, "the record grew");
+    assert_eq!(
+        world.store().events().len(),
+        events_before,
+        "the timeline grew"
+    );
+
+    // The lease expires; another worker takes the second attempt. The first holder's late
+    // reports are refused, logged once, in its own name.
+    world.tick(6_000);
+    while record(&world, id).state != State::Queued {
+        world.tick(60_000);
+    }
+    heartbeat(&mut world, "b", 0, 1);
+    let second = claim(&mut world, "b", 1).remove(0);
+    assert_eq!(second.attempt, 2);
+    let events_before = world.store().events().len();
+    for n in 0..1_000 {
+        let refused = world.report(id, &old_token, Report::Complete { result: json!(n) });
+        let logged = matches!(refused, Err(StepError::StaleLease { logged: true, .. }));
+        assert_eq!(logged, n == 0, "report {n}: {refused:?}");
+    }
+    let new_events = &world.store().events()[events_before..];
+    assert_eq!(new_events.len(), 1, "{new_events:?}");
+    assert_eq!(new_events[0].actor, Actor::worker("a"));
+    let detail = new_events[0].detail.as_deref().unwrap_or_default();
+    assert!(detail.contains("attempt 1 refused"), "{detail}");
+    assert_eq!(record(&world, id).lease.unwrap().worker, "b");
+}
+
+#[test]
+fn a_late_fail_after_the_lease_expired_is_stale_and_a_repeated_fail_is_a_replay() {
+    let mut world = Driver::new(
+        15,
+        EngineOptions {
+            lease_ms: 5_000,
+            ..options()
+        },
+    );
+    let expired = submit(&mut world, Priority::Normal, json!({}));
+    let failed = submit(&mut world, Priority::Normal, json!({}));
+    heartbeat(&mut world, "w", 0, 2);
+    let leases = claim(&mut world, "w", 2);
+    let token_of = |id: TaskId| {
+        let lease = leases.iter().find(|t| t.id == id).unwrap();
+        lease.lease.clone().unwrap().token
+    };
+    let fail = || Report::Fail {
+        class: FailureClass::Transient,
+        message: "boom".into(),
+    };
+    // The worker fails one attempt itself, and repeats the report: a replay, answered 200.
+    assert!(world.report(failed, &token_of(failed), fail()).is_ok());
+    assert_eq!(record(&world, failed).state, State::RetryWait);
+    assert!(world.report(failed, &token_of(failed), fail()).is_ok());
+    // The other lease expires: the scheduler fails it. The worker's late fail is stale.
+    world.tick(6_000);
+    assert_eq!(record(&world, expired).state, State::RetryWait);
+    let late = world.report(expired, &token_of(expired), fail());
+    assert!(
+        matches!(late, Err(StepError::StaleLease { .. })),
+        "{late:?}"
+    );
+    assert_eq!(
+        record(&world, expired).error.unwrap().class,
+        "lease-expired"
+    );
 }

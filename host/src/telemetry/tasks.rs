@@ -33,6 +33,12 @@ pub struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// `true` for the one refusal per attempt written on the timeline, `false` for the rest.
+    pub logged: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailureLabels {
     pub class: String,
     pub reason: String,
@@ -66,6 +72,7 @@ pub struct TaskMetrics {
     failures: Family<FailureLabels, Counter>,
     retries: Counter,
     dead: Counter,
+    refused_reports: Family<RefusedLabels, Counter>,
     devices: LabelBudget,
     kinds: LabelBudget,
     classes: LabelBudget,
@@ -82,6 +89,7 @@ impl Default for TaskMetrics {
             failures: Family::default(),
             retries: Counter::default(),
             dead: Counter::default(),
+            refused_reports: Family::default(),
             devices: LabelBudget::new(500),
             kinds: LabelBudget::new(50),
             classes: LabelBudget::new(16),
@@ -127,6 +135,19 @@ impl TaskMetrics {
             "Tasks given up on by the retry policy",
             self.dead.clone(),
         );
+        registry.register(
+            "reports_refused",
+            "Workers' reports refused as stale or as carrying a token that never held the task; `logged` says whether the refusal was written on the timeline (once per attempt)",
+            self.refused_reports.clone(),
+        );
+    }
+
+    /// Counts a refused report; `logged` when it was written on the task's timeline.
+    pub fn refused_report(&self, logged: bool) {
+        let logged = if logged { "true" } else { "false" };
+        self.refused_reports
+            .get_or_create(&RefusedLabels { logged })
+            .inc();
     }
 
     /// Counts what `change` did. Called once per committed change, on the writer thread.

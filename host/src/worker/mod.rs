@@ -78,6 +78,9 @@ impl WorkerStats {
 /// A pause after a claim that got nothing for a reason (breaker open, stale heartbeat),
 /// so a refused worker does not spin.
 const REFUSED_PAUSE: Duration = Duration::from_millis(500);
+/// The pause after `at-capacity`: not a refusal but a race (the server still counts a lease
+/// whose report was in flight, or one an earlier run of this worker left), so it is short.
+const AT_CAPACITY_PAUSE: Duration = Duration::from_millis(20);
 
 /// Works until `shutdown` resolves, then stops claiming, lets the attempts in hand finish and
 /// report, and returns what it did.
@@ -124,7 +127,12 @@ pub async fn run<E: Executor>(
             if reason.code == "unknown-worker" || reason.code == "stale-heartbeat" {
                 let _ = client.worker_heartbeat(&config.id, &config.heartbeat).await;
             }
-            tokio::time::sleep(REFUSED_PAUSE).await;
+            let pause = if reason.code == "at-capacity" {
+                AT_CAPACITY_PAUSE
+            } else {
+                REFUSED_PAUSE
+            };
+            tokio::time::sleep(pause).await;
             continue;
         }
         for grant in answer.leases {

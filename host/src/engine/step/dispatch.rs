@@ -73,19 +73,27 @@ impl Stepper<'_> {
         };
         match judge_report(now_ms, &task, token, &report) {
             Verdict::Replay => Ok(task),
-            Verdict::Stale(reason) => {
-                let worker = task
-                    .lease
-                    .as_ref()
-                    .map_or("unknown", |lease| lease.worker.as_str())
-                    .to_owned();
-                let change = self
-                    .engine
-                    .plan_refused_report(now_ms, &task, &worker, &report, &reason);
-                self.plan(change);
+            Verdict::Unknown => Err(StepError::StaleLease {
+                task_id: id,
+                reason: "the token never held this task's lease".into(),
+                logged: false,
+            }),
+            Verdict::Stale {
+                reason,
+                worker,
+                attempt,
+                log,
+            } => {
+                if log {
+                    let change = self
+                        .engine
+                        .plan_refused_report(now_ms, &task, &worker, attempt, &report, &reason);
+                    self.plan(change);
+                }
                 Err(StepError::StaleLease {
                     task_id: id,
                     reason,
+                    logged: log,
                 })
             }
             Verdict::Fresh => match report {

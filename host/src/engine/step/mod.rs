@@ -101,8 +101,14 @@ pub enum StepError {
         state: State,
         source: IllegalTransition,
     },
+    /// A report whose token is not the current attempt's, or whose lease is over. `logged`
+    /// says whether this refusal was written on the task's timeline (the first of its attempt).
     #[error("report refused for task {task_id}: {reason}")]
-    StaleLease { task_id: TaskId, reason: String },
+    StaleLease {
+        task_id: TaskId,
+        reason: String,
+        logged: bool,
+    },
     #[error("no worker {0}: it has never sent a heartbeat, or was forgotten")]
     UnknownWorker(String),
     #[error(transparent)]
