@@ -10,6 +10,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     disable_transparent_huge_pages();
+    // Fail points named in FAILPOINTS take effect; in builds without the feature there are none.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     cli::main()
 }
 

@@ -31,6 +31,8 @@ pub enum ServerError {
     Policy(#[from] RegistryError),
     #[error("HTTP server failure: {0}")]
     Io(#[from] std::io::Error),
+    #[error("stopped after a failed sync ({0}); restart to replay the log from disk")]
+    StorageFailed(String),
 }
 
 pub struct Server {
@@ -115,8 +117,25 @@ impl Server {
         let scheduler = self.state.scheduler.clone();
         let drain_timeout = self.drain_timeout;
         let app = api::router(self.state.clone());
+        let mut storage_failed = scheduler.storage_failed();
         let signal = async move {
-            shutdown.await;
+            let failure = async {
+                // The writer gone without a failure: this never resolves.
+                if storage_failed.wait_for(Option::is_some).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = shutdown => {}
+                () = failure => {
+                    // Nothing can be made durable any more: no drain, only the requests in
+                    // flight are let finish (each is answered 503 `storage-failed`).
+                    draining.store(true, Ordering::Release);
+                    drain.send_replace(true);
+                    tracing::error!("a sync failed: stopping; a restart replays the log from disk");
+                    return;
+                }
+            }
             tracing::info!("draining: no new submissions or claims; waiting for leased work");
             draining.store(true, Ordering::Release);
             drain.send_replace(true);
@@ -138,7 +157,11 @@ impl Server {
             .with_graceful_shutdown(signal)
             .await;
         self.state.scheduler.shutdown().await;
+        served?;
+        if let Some(reason) = self.state.scheduler.storage_failed().borrow().clone() {
+            return Err(ServerError::StorageFailed(reason));
+        }
         tracing::info!("stopped; everything acknowledged is on disk");
-        Ok(served?)
+        Ok(())
     }
 }

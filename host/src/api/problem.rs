@@ -5,6 +5,7 @@ use crate::engine::StepError;
 use crate::model::{IdError, TaskId, UnknownKind, ValidationError};
 use crate::policy::{Check, RegistryError};
 use crate::scheduler::SchedulerError;
+use crate::store::StoreError;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -69,6 +70,8 @@ pub enum ApiError {
     PolicyUnavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("{0}")]
+    StorageFailed(String),
 }
 
 /// The body of an error answer.
@@ -189,6 +192,11 @@ impl ApiError {
                 "internal",
                 "Internal error",
             ),
+            StorageFailed(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "storage-failed",
+                "Storage failed",
+            ),
         }
     }
 
@@ -263,7 +271,13 @@ impl From<StepError> for ApiError {
             StepError::InvalidTask(error) => ApiError::InvalidTask(error),
             StepError::Internal(detail) => ApiError::Internal(detail),
             StepError::PolicyUnavailable(reason) => ApiError::PolicyUnavailable(reason),
-            StepError::Store(error) => ApiError::Internal(error.to_string()),
+            StepError::Store(error) => match &*error {
+                // The disk could not take or keep the write: not a bug, and not the client's.
+                StoreError::Io(_) | StoreError::Failed(_) => {
+                    ApiError::StorageFailed(format!("the write was not made durable: {error}"))
+                }
+                _ => ApiError::Internal(error.to_string()),
+            },
         }
     }
 }

@@ -121,6 +121,8 @@ pub struct Scheduler {
     /// The last event `seq` on disk: readers of the log follow it, so they never show an
     /// event a crash could still take back.
     durable_event_seq: watch::Receiver<u64>,
+    /// Why the store failed, once it has: the server stops, and a restart replays the log.
+    storage_failed: watch::Receiver<Option<String>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -169,6 +171,8 @@ impl Scheduler {
         writer.sync_claims = options.sync_claims;
         writer.metrics = options.metrics.clone();
         writer.durable_event_seq = Some(durable_tx);
+        let (failed_tx, storage_failed) = watch::channel(None);
+        writer.storage_failed = Some(failed_tx);
         writer.start(unadmitted)?;
         let flusher_store = store.clone();
         let sync_metrics = options.pipeline_metrics.clone();
@@ -199,6 +203,7 @@ impl Scheduler {
             snapshot,
             work_queued,
             durable_event_seq,
+            storage_failed,
             threads: Mutex::new(vec![writer, flusher, ticker]),
         })
     }
@@ -308,6 +313,12 @@ impl Scheduler {
         let (reply, answer) = oneshot::channel();
         self.step(Input::Workers, Answer::WorkersNow(reply))?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
+    /// Follows why the store failed: `None` while it is sound. The writer notices a failed sync
+    /// at its next group (a tick comes every `tick_ms`).
+    pub fn storage_failed(&self) -> watch::Receiver<Option<String>> {
+        self.storage_failed.clone()
     }
 
     /// Follows the last event `seq` made durable.

@@ -152,6 +152,8 @@ pub(crate) struct Writer {
     pub(super) metrics: Arc<crate::telemetry::TaskMetrics>,
     /// Told the last event `seq` each sync covers.
     pub(super) durable_event_seq: Option<watch::Sender<u64>>,
+    /// Told why, once the store has failed a sync.
+    pub(super) storage_failed: Option<watch::Sender<Option<String>>>,
 }
 
 impl Writer {
@@ -180,6 +182,7 @@ impl Writer {
             sync_claims: false,
             metrics: Arc::default(),
             durable_event_seq: None,
+            storage_failed: None,
         }
     }
 
@@ -198,6 +201,12 @@ impl Writer {
                     Ok(command) => waiting.push(command),
                     Err(_) => break,
                 }
+            }
+            if let Some(reason) = self.store.failed() {
+                if !self.refuse_all(&mut waiting, reason) {
+                    break;
+                }
+                continue;
             }
             let mut group = Group::default();
             let mut open = true;
@@ -227,6 +236,64 @@ impl Writer {
         // Dropping the commands still waiting answers each with `ShuttingDown`.
         drop(waiting);
         inbox.close();
+    }
+
+    /// After a failed sync: answers every waiting command with the failure, except heartbeats
+    /// and reads of the worker table, which change nothing durable; nothing else is stepped, so
+    /// no task whose submission was answered with an error is ever handed to a worker. False
+    /// once told to shut down.
+    fn refuse_all(&mut self, waiting: &mut Waiting, reason: String) -> bool {
+        if let Some(failed) = &self.storage_failed {
+            failed.send_if_modified(|known| {
+                let first = known.is_none();
+                if first {
+                    *known = Some(reason.clone());
+                }
+                first
+            });
+        }
+        let error = Arc::new(StoreError::Failed(reason));
+        let failed = || SchedulerError::from(error.clone());
+        while let Some(command) = waiting.pop() {
+            match command {
+                Command::Shutdown => return false,
+                Command::Tick { reply } => {
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Err(failed()));
+                    }
+                }
+                Command::Step {
+                    input: input @ (Input::Heartbeat { .. } | Input::Workers),
+                    answer,
+                } => {
+                    let mut group = Group::default();
+                    self.handle(Command::Step { input, answer }, &mut group);
+                }
+                Command::Step { input, answer } => {
+                    let count = match &input {
+                        Input::Submit(submissions) => submissions.len(),
+                        Input::Reports(reports) => reports.len(),
+                        _ => 1,
+                    };
+                    match answer {
+                        Answer::Submitted(reply) => {
+                            let _ = reply.send((0..count).map(|_| Err(failed())).collect());
+                        }
+                        Answer::Reports(reply) => {
+                            let _ = reply.send((0..count).map(|_| Err(failed())).collect());
+                        }
+                        Answer::Task(reply) => drop(reply.send(Err(failed()))),
+                        Answer::Claimed(reply) => drop(reply.send(Err(failed()))),
+                        Answer::Workers(reply) | Answer::WorkersNow(reply) => {
+                            drop(reply.send(Err(failed())))
+                        }
+                        Answer::Done(Some(reply)) => drop(reply.send(Err(failed()))),
+                        Answer::Done(None) => {}
+                    }
+                }
+            }
+        }
+        true
     }
 
     /// Runs one command's step into the group and queues its answer; false once told to shut
@@ -273,8 +340,21 @@ impl Writer {
                 );
             }
             (Answer::Claimed(reply), Reply::Claimed(result)) => {
+                // Answered once written only when every task it leases was already queued on
+                // disk: a task whose submission (or release) is not yet synced could still be
+                // answered with an error, and must not reach a worker before that is known.
+                let durable = self.durable_event_seq.as_ref().map(|seq| *seq.borrow());
+                let queued_durably = |task: &Task| {
+                    let queued_at = task.event_seqs.iter().rev().nth(1);
+                    queued_at
+                        .zip(durable)
+                        .is_some_and(|(at, durable)| *at <= durable)
+                };
+                let on_disk = result
+                    .as_ref()
+                    .is_ok_and(|claimed| claimed.leases.iter().all(queued_durably));
                 let result = result.map_err(Into::into);
-                if self.sync_claims {
+                if self.sync_claims || !on_disk {
                     group.answer(reply, result);
                 } else {
                     group.answer_written(reply, result);

@@ -27,6 +27,11 @@ pub enum StoreError {
     Corrupt { what: &'static str, detail: String },
     #[error("storage backend failure: {0}")]
     Backend(Box<dyn std::error::Error + Send + Sync>),
+    /// A sync failed earlier: what the disk holds is no longer known, so the store takes no
+    /// more writes until a restart replays the log from disk (after a failed fsync the page
+    /// cache cannot be trusted).
+    #[error("storage failed and takes no more writes until a restart: {0}")]
+    Failed(String),
 }
 
 /// A page request over tasks, in id order (so, arrival order).
@@ -73,6 +78,10 @@ pub trait Store: Send + Sync + 'static {
     /// The worker log after `after_seq`, oldest first, at most `limit`.
     fn worker_events(&self, after_seq: u64, limit: usize) -> Result<Vec<WorkerEvent>, StoreError>;
     fn recover(&self) -> Result<Recovery, StoreError>;
+    /// Why the store takes no more writes, once a sync has failed; `None` while it is sound.
+    fn failed(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The policy registry's records: uploaded components by content hash, their versions, each

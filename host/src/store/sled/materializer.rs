@@ -19,6 +19,9 @@ pub const ROUND_TASKS: usize = 8_192;
 
 /// Writes everything pending in place. Returns how many tasks and keys it wrote.
 pub(super) fn round(shared: &Shared) -> Result<usize, StoreError> {
+    // After a failed sync nothing more goes into sled: a later sync that succeeded could make
+    // the floor durable over pages the failed one lost, and the log segments would go.
+    shared.refuse_if_failed()?;
     let mut floor = lock(&shared.rounds);
     let round = lock(&shared.overlay).take_round();
     if round.through_commit <= *floor {
@@ -89,6 +92,10 @@ pub(super) fn run(shared: &Shared) {
     super::util::lower_priority();
     loop {
         let stopping = wait_for_work(shared);
+        if shared.failure().is_some() {
+            // A sync failed: the pending rounds stay in the log, for the restart to replay.
+            return;
+        }
         if let Err(error) = round(shared) {
             tracing::error!(%error, "writing pending tasks into sled failed; they stay in the write-ahead log");
             if !stopping {

@@ -135,6 +135,7 @@ impl SledStore {
             next_commit: Mutex::new(next_commit),
             wal,
             fdatasync: options.fdatasync,
+            failure: Mutex::new(None),
         });
         replay(&shared, logged, floor)?;
         let materializer = if materialize {
@@ -247,6 +248,7 @@ fn decode_key_record(bytes: &[u8]) -> Result<KeyRecord, StoreError> {
 
 impl Store for SledStore {
     fn commit(&self, change: &Change) -> Result<(), StoreError> {
+        self.shared.refuse_if_failed()?;
         let shared = &*self.shared;
         let mut next_commit = lock(&shared.next_commit);
         let mut entry = Entry::default();
@@ -291,10 +293,18 @@ impl Store for SledStore {
     }
 
     fn sync(&self) -> Result<(), StoreError> {
+        self.shared.refuse_if_failed()?;
         if self.shared.fdatasync {
-            self.shared.wal.sync()?;
+            self.shared
+                .wal
+                .sync()
+                .inspect_err(|error| self.shared.fail("syncing the write-ahead log", error))?;
         }
         Ok(())
+    }
+
+    fn failed(&self) -> Option<String> {
+        self.shared.failure()
     }
 
     fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {

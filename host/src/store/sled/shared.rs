@@ -41,6 +41,8 @@ pub(super) struct Shared {
     pub(super) next_commit: Mutex<u64>,
     pub(super) wal: WalFile,
     pub(super) fdatasync: bool,
+    /// Set by the first failed sync: from then on nothing is written or synced.
+    pub(super) failure: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -75,12 +77,39 @@ impl Shared {
     }
 
     pub(super) fn sync_sled(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
-        if let Some(file) = &self.data_file {
-            file.sync_data()?;
-            self.sync_new_blobs()?;
+        self.refuse_if_failed()?;
+        let synced = (|| {
+            fail::fail_point!("sled-sync", |_| Err(StoreError::Io(std::io::Error::other(
+                "injected failure of sled's sync"
+            ))));
+            self.db.flush()?;
+            if let Some(file) = &self.data_file {
+                file.sync_data()?;
+                self.sync_new_blobs()?;
+            }
+            Ok(())
+        })();
+        synced.inspect_err(|error| self.fail("syncing sled", error))
+    }
+
+    /// Marks the store failed after a sync that did not succeed; the first reason is kept.
+    pub(super) fn fail(&self, what: &str, error: &StoreError) {
+        let mut failure = lock(&self.failure);
+        if failure.is_none() {
+            tracing::error!(%error, what, "a sync failed: the store takes no more writes; restart to replay the log");
+            *failure = Some(format!("{what}: {error}"));
         }
-        Ok(())
+    }
+
+    pub(super) fn failure(&self) -> Option<String> {
+        lock(&self.failure).clone()
+    }
+
+    pub(super) fn refuse_if_failed(&self) -> Result<(), StoreError> {
+        match self.failure() {
+            Some(reason) => Err(StoreError::Failed(reason)),
+            None => Ok(()),
+        }
     }
 
     /// The record of a task the overlay holds.

@@ -258,9 +258,15 @@ impl WalFile {
         };
         // The lock is not held here, so the writer appends while the disk syncs.
         for file in &files {
+            fail::fail_point!("wal-sync", |_| Err(StoreError::Io(std::io::Error::other(
+                "injected failure of the write-ahead log's fdatasync"
+            ))));
             file.sync_data()?;
         }
         if directory_changed {
+            fail::fail_point!("wal-dir-sync", |_| Err(StoreError::Io(
+                std::io::Error::other("injected failure of the write-ahead directory's fsync")
+            )));
             File::open(&self.dir)?.sync_all()?;
         }
         Ok(())
