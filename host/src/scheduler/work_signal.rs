@@ -13,7 +13,7 @@ const REMEMBERED_SIGNALS: u64 = 64;
 
 pub struct WorkSignal {
     notify: Notify,
-    /// Signals sent so far. Only the writer thread sends.
+    /// Signals sent so far. Only one thread sends: the flusher, once a group is durable.
     sent: AtomicU64,
     /// The time of signal `n`, in µs since `epoch`, at `n % REMEMBERED_SIGNALS`.
     sent_at_us: [AtomicU64; REMEMBERED_SIGNALS as usize],
@@ -32,7 +32,7 @@ impl Default for WorkSignal {
 }
 
 impl WorkSignal {
-    /// Wakes every waiter: tasks joined a queue. Called by the writer alone.
+    /// Wakes every waiter: tasks joined a queue, or a lease ended. Called by one thread alone.
     pub fn send(&self) {
         let n = self.sent.load(Ordering::Relaxed) + 1;
         let at_us = self.epoch.elapsed().as_micros() as u64;

@@ -420,14 +420,13 @@ impl Writer {
     fn finish(&mut self, group: Group) {
         // Claims that wait are woken when work joins a queue, and when a lease ends: its
         // worker has room again, and may be waiting with a claim for the work already queued.
+        // They are woken once the group is on disk, so the work they find is durable and
+        // their answers need not wait for a sync of their own (see `handle`).
         let leased = |state: Option<State>| matches!(state, Some(State::Claimed | State::Running));
         let woken = group.change.writes.iter().any(|write| {
             write.task.state == State::Queued
                 || (leased(write.previous) && !leased(Some(write.task.state)))
         });
-        if woken {
-            self.work_queued.send();
-        }
         let committed = if group.change.is_empty() {
             Ok(())
         } else {
@@ -444,6 +443,7 @@ impl Writer {
                     .durable_event_seq
                     .clone()
                     .zip(group.change.events.last().map(|event| event.seq));
+                let work_queued = woken.then(|| self.work_queued.clone());
                 let all: Delivery = Box::new(move |synced| {
                     if let (Some((sender, seq)), Ok(())) = (&durable, &synced) {
                         // Syncs run in commit order, so the number only grows.
@@ -452,6 +452,9 @@ impl Writer {
                             *last = (*last).max(*seq);
                             newer
                         });
+                    }
+                    if let (Some(signal), Ok(())) = (&work_queued, &synced) {
+                        signal.send();
                     }
                     for delivery in deliveries {
                         delivery(synced.clone());
