@@ -8,6 +8,7 @@ mod bench;
 mod demo;
 mod logging;
 mod policy;
+mod repair;
 mod serve;
 mod tasks;
 mod worker;
@@ -49,6 +50,8 @@ enum Command {
     },
     /// Run a reference worker (synthetic executor, or a vector shard with --vectors).
     Worker(worker::WorkerArgs),
+    /// Cut a damaged write-ahead log so the server starts again, keeping a copy of it.
+    Repair(repair::RepairArgs),
     /// Measure throughput and latency; prints figures.
     Bench {
         #[command(subcommand)]
@@ -85,6 +88,7 @@ pub fn main() -> ExitCode {
             Command::Policy { command } => policy::run(command).await,
             Command::Worker(args) => worker::run_worker(args).await,
             Command::Bench { command } => bench::run(command).await,
+            Command::Repair(args) => repair::run(args),
         }
     });
     match outcome {

@@ -5,7 +5,7 @@
 
 pub mod sled;
 
-pub use self::sled::{SledOptions, SledStore};
+pub use self::sled::{Repair, SledOptions, SledStore};
 
 use crate::model::{
     Change, Event, KeyRecord, PolicyEvent, PolicyKind, PolicyVersion, Recovery, State, Task,

@@ -32,7 +32,7 @@ use overlay::Overlay;
 use shared::Shared;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use util::{corrupt, lock};
@@ -213,6 +213,60 @@ impl SledStore {
     #[cfg(test)]
     pub(super) fn materialize(&self) -> Result<usize, StoreError> {
         materializer::round(&self.shared)
+    }
+}
+
+/// What `SledStore::repair` did.
+#[derive(Debug)]
+pub struct Repair {
+    /// Where the log was copied before anything was cut.
+    pub copy: PathBuf,
+    /// Each cut, with the file and offset; empty when the log was sound.
+    pub cuts: Vec<String>,
+}
+
+impl SledStore {
+    /// For a data directory whose write-ahead log is damaged (the server refuses to start and
+    /// names the file and offset): copies the log to `wal.salvaged-<unix ms>` beside it, then
+    /// cuts it at the first damage so that it opens again. Commits past the cut are lost from
+    /// the store; the copy keeps them for inspection. The server must not be running.
+    pub fn repair(dir: &Path) -> Result<Repair, StoreError> {
+        let wal_dir = dir.join("wal");
+        if !wal_dir.is_dir() {
+            return Err(StoreError::Open {
+                path: dir.display().to_string(),
+                source: "no write-ahead log here: is this a Sluice data directory?".into(),
+            });
+        }
+        let floor = {
+            let db = sled::Config::new()
+                .path(dir)
+                .segment_size(segment::segment_bytes(dir))
+                .open()
+                .map_err(|source| StoreError::Open {
+                    path: dir.display().to_string(),
+                    source: Box::new(source),
+                })?;
+            let tree = db.open_tree(TREE_NAME)?;
+            match tree.get(keys::WAL_FLOOR)? {
+                Some(bytes) => keys::seq_at(&bytes, 0)
+                    .ok_or_else(|| corrupt("write-ahead floor", "short value"))?,
+                None => 0,
+            }
+        };
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        let copy = dir.join(format!("wal.salvaged-{stamp}"));
+        std::fs::create_dir(&copy)?;
+        for entry in std::fs::read_dir(&wal_dir)? {
+            let path = entry?.path();
+            if let Some(name) = path.file_name() {
+                std::fs::copy(&path, copy.join(name))?;
+            }
+        }
+        let cuts = WalFile::salvage(&wal_dir, floor)?;
+        Ok(Repair { copy, cuts })
     }
 }
 

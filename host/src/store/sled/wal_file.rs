@@ -82,7 +82,16 @@ impl WalFile {
     /// begins a new segment after them and after `floor` (the last commit known elsewhere, whose
     /// segment may be gone).
     pub fn open(dir: &Path, floor: u64) -> Result<(WalFile, Vec<(u64, Entry)>), StoreError> {
-        Self::open_with(dir, floor, true)
+        Self::open_with(dir, floor, true, Damage::Refuse, &mut Vec::new())
+    }
+
+    /// Cuts the log under `dir` at its first damage — a damaged record that is not a torn tail,
+    /// or a gap between segments — so that it opens again; answers what was cut (nothing when
+    /// the log was sound). The commits past the cut are lost: copy the folder first.
+    pub fn salvage(dir: &Path, floor: u64) -> Result<Vec<String>, StoreError> {
+        let mut cuts = Vec::new();
+        Self::open_with(dir, floor, false, Damage::Salvage, &mut cuts)?;
+        Ok(cuts)
     }
 
     /// `spares`: whether a thread lays down zeroed segments ahead (tests turn it off to know
@@ -91,6 +100,8 @@ impl WalFile {
         dir: &Path,
         floor: u64,
         spares: bool,
+        damage: Damage,
+        cuts: &mut Vec<String>,
     ) -> Result<(WalFile, Vec<(u64, Entry)>), StoreError> {
         std::fs::create_dir_all(dir)?;
         let mut found: Vec<(u64, PathBuf)> = Vec::new();
@@ -108,15 +119,51 @@ impl WalFile {
         found.sort();
         let mut entries = Vec::new();
         let mut kept = Vec::new();
+        // Commits past the floor must follow one another from it: a segment that ends early
+        // while a later one exists has lost acknowledged commits.
+        let mut next_expected = floor + 1;
+        let mut cut_after: Option<usize> = None;
         for (index, (first, path)) in found.iter().enumerate() {
             let last = index + 1 == found.len();
+            if *first > next_expected {
+                let what = format!(
+                    "commits {next_expected} to {} are missing: the segment before {} ends early",
+                    first - 1,
+                    path.display()
+                );
+                if damage == Damage::Refuse {
+                    return Err(corrupt(
+                        "write-ahead log",
+                        format!("{what}. `sluice repair` cuts the log there, keeping a copy"),
+                    ));
+                }
+                cuts.push(format!(
+                    "{what}: {} and later segments removed",
+                    path.display()
+                ));
+                cut_after = Some(index);
+                break;
+            }
             let before = entries.len();
-            read_segment(path, *first, last, &mut entries)?;
+            let cut = read_segment(path, *first, last, damage, &mut entries)?;
+            if let Some((commit, _)) = entries.last() {
+                next_expected = next_expected.max(commit + 1);
+            }
             if entries.len() == before {
                 // Nothing was ever synced in it: a segment begun just before a stop.
                 std::fs::remove_file(path)?;
             } else {
                 kept.push((*first, path.clone()));
+            }
+            if let Some(cut) = cut {
+                cuts.push(cut);
+                cut_after = Some(index + 1);
+                break;
+            }
+        }
+        if let Some(from) = cut_after {
+            for (_, path) in &found[from..] {
+                std::fs::remove_file(path)?;
             }
         }
         let next = entries
@@ -353,15 +400,26 @@ fn zeroed_segment(path: &Path, spare: &Spare) -> Result<Option<File>, StoreError
     Ok(Some(file))
 }
 
+/// What an open does with damage that is not a torn tail: refuse to start, naming the file and
+/// offset, or (for `sluice repair`) cut the log there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Damage {
+    Refuse,
+    Salvage,
+}
+
 /// Reads a segment's records into `entries`, up to the first zero header. Records torn by a
-/// crash in the last segment are zeroed out (they were never acknowledged); damage anywhere
-/// else is corruption.
+/// crash at the end of the last segment are zeroed out (they were never acknowledged). Damage
+/// anywhere else — in an earlier segment, or in the last one with intact records after it — is
+/// refused as corruption; with `Damage::Salvage` the segment is cut there instead and the cut
+/// is described in the answer.
 fn read_segment(
     path: &Path,
     first_commit: u64,
     last: bool,
+    damage: Damage,
     entries: &mut Vec<(u64, Entry)>,
-) -> Result<(), StoreError> {
+) -> Result<Option<String>, StoreError> {
     let mut bytes = Vec::new();
     File::open(path)?.read_to_end(&mut bytes)?;
     let mut at = 0;
@@ -376,25 +434,64 @@ fn read_segment(
             None => break,
         }
     }
-    // Past the records there may only be zeros; anything else is a torn append.
+    // Past the records there may only be zeros; anything else is a torn append, or damage.
     if bytes[at..].iter().all(|&b| b == 0) {
-        return Ok(());
+        return Ok(None);
     }
-    if !last {
-        return Err(corrupt(
+    let later = later_record(&bytes, at, expected);
+    if last && later.is_none() {
+        tracing::warn!(
+            path = %path.display(),
+            offset = at,
+            "zeroing write-ahead records torn by a crash"
+        );
+        zero_from(path, at, bytes.len())?;
+        return Ok(None);
+    }
+    let what = match later {
+        Some(offset) => format!(
+            "{} is damaged at byte {at} (commit {expected}), with intact records after it (byte {offset})",
+            path.display()
+        ),
+        None => format!(
+            "{} is damaged at byte {at} (commit {expected}), and later segments follow it",
+            path.display()
+        ),
+    };
+    match damage {
+        Damage::Refuse => Err(corrupt(
             "write-ahead log",
-            format!("{} is damaged at byte {at}", path.display()),
-        ));
+            format!(
+                "{what}; acknowledged commits may be in the damaged part. `sluice repair` cuts \
+                 the log there, keeping a copy"
+            ),
+        )),
+        Damage::Salvage => {
+            zero_from(path, at, bytes.len())?;
+            Ok(Some(format!("{what}: cut at byte {at}")))
+        }
     }
-    tracing::warn!(
-        path = %path.display(),
-        offset = at,
-        "zeroing write-ahead records torn by a crash"
-    );
+}
+
+/// Zeroes `path` from `at` to `len` and syncs it.
+fn zero_from(path: &Path, at: usize, len: usize) -> Result<(), StoreError> {
     let file = OpenOptions::new().write(true).open(path)?;
-    file.write_all_at(&vec![0u8; bytes.len() - at], at as u64)?;
+    file.write_all_at(&vec![0u8; len - at], at as u64)?;
     file.sync_data()?;
     Ok(())
+}
+
+/// Where an intact record of a commit after `expected` begins, past `from`, if anywhere: a
+/// torn tail has none, damage in the middle has. Only offsets whose commit number looks like
+/// one of the next million commits are checksummed, so the scan stays linear.
+fn later_record(bytes: &[u8], from: usize, expected: u64) -> Option<usize> {
+    (from + 1..bytes.len().saturating_sub(HEADER_BYTES + 8)).find(|&at| {
+        let commit_bytes = &bytes[at + HEADER_BYTES..at + HEADER_BYTES + 8];
+        let commit = u64::from_be_bytes(commit_bytes.try_into().unwrap_or([0; 8]));
+        commit > expected
+            && commit - expected < 1_000_000
+            && record_at(bytes, at).is_some_and(|(found, _, _)| found == commit)
+    })
 }
 
 /// The record at `at`: its commit, its entry's bytes and where the next record starts; none
@@ -426,7 +523,8 @@ mod tests {
     fn commits_read_back_in_order_and_a_torn_tail_is_cut_off() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let (wal, found) = WalFile::open_with(dir.path(), 0, false).unwrap();
+            let (wal, found) =
+                WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
             assert!(found.is_empty());
             for commit in 1..=3 {
                 wal.append(commit, &entry(commit as u8)).unwrap();
@@ -438,21 +536,25 @@ mod tests {
         let mut file = OpenOptions::new().append(true).open(&segment).unwrap();
         std::io::Write::write_all(&mut file, &[0, 0, 0, 40, 1, 2]).unwrap();
         drop(file);
-        let (wal, found) = WalFile::open_with(dir.path(), 0, false).unwrap();
+        let (wal, found) =
+            WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
         let commits: Vec<u64> = found.iter().map(|(c, _)| *c).collect();
         assert_eq!(commits, [1, 2, 3]);
         assert_eq!(found[2].1.blocks[0].0, 3);
         wal.append(4, &entry(4)).unwrap();
         wal.sync().unwrap();
         drop(wal);
-        let (wal, found) = WalFile::open_with(dir.path(), 0, false).unwrap();
+        let (wal, found) =
+            WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
         assert_eq!(
             found.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
             [1, 2, 3, 4]
         );
-        // Under floor 3 only the segment holding 1..=3 is spent; 4's stays.
+        // Under floor 3 only the segment holding 1..=3 is spent; 4's stays. (The store opens
+        // its log with the floor it keeps in sled; commits under it need no segment.)
         wal.release(3).unwrap();
-        let (_, found) = WalFile::open_with(dir.path(), 0, false).unwrap();
+        let (_, found) =
+            WalFile::open_with(dir.path(), 3, false, Damage::Refuse, &mut Vec::new()).unwrap();
         assert_eq!(found.iter().map(|(c, _)| *c).collect::<Vec<_>>(), [4]);
     }
 
@@ -479,7 +581,8 @@ mod tests {
                 SEGMENT_BYTES
             );
         }
-        let (_, found) = WalFile::open_with(dir.path(), 0, false).unwrap();
+        let (_, found) =
+            WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
         assert_eq!(found.iter().map(|(c, _)| *c).collect::<Vec<_>>(), [1, 2, 3]);
     }
 
@@ -487,12 +590,14 @@ mod tests {
     fn damage_before_the_last_segment_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let (wal, _) = WalFile::open_with(dir.path(), 0, false).unwrap();
+            let (wal, _) =
+                WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
             wal.append(1, &entry(1)).unwrap();
             wal.sync().unwrap();
         }
         {
-            let (wal, _) = WalFile::open_with(dir.path(), 0, false).unwrap();
+            let (wal, _) =
+                WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
             wal.append(2, &entry(2)).unwrap();
             wal.sync().unwrap();
         }
@@ -501,8 +606,84 @@ mod tests {
         bytes[last] ^= 0xFF;
         std::fs::write(segment_path(dir.path(), 1), bytes).unwrap();
         assert!(matches!(
-            WalFile::open_with(dir.path(), 0, false),
+            WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()),
             Err(StoreError::Corrupt { .. })
         ));
+    }
+
+    fn commits(found: &[(u64, Entry)]) -> Vec<u64> {
+        found.iter().map(|(c, _)| *c).collect()
+    }
+
+    fn reopen(dir: &Path) -> Result<(WalFile, Vec<(u64, Entry)>), StoreError> {
+        WalFile::open_with(dir, 0, false, Damage::Refuse, &mut Vec::new())
+    }
+
+    #[test]
+    fn damage_inside_the_last_segment_with_records_after_it_is_refused_and_repair_cuts_it() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (wal, _) = reopen(dir.path()).unwrap();
+            for commit in 1..=5 {
+                wal.append(commit, &entry(commit as u8)).unwrap();
+            }
+            wal.sync().unwrap();
+        }
+        let segment = segment_path(dir.path(), 1);
+        let mut bytes = std::fs::read(&segment).unwrap();
+        let (_, _, second) = record_at(&bytes, 0).unwrap();
+        // A flipped byte in the body of commit 2; commits 3 to 5 are intact after it.
+        bytes[second + HEADER_BYTES + 9] ^= 0xFF;
+        std::fs::write(&segment, &bytes).unwrap();
+        let refused = reopen(dir.path()).err().expect("the open is refused");
+        let message = refused.to_string();
+        assert!(
+            message.contains(&segment.display().to_string()),
+            "{message}"
+        );
+        assert!(message.contains(&format!("byte {second}")), "{message}");
+        assert!(message.contains("sluice repair"), "{message}");
+        // Not zeroed by the refused open: the damage and what follows it are still there.
+        assert_eq!(std::fs::read(&segment).unwrap(), bytes);
+
+        let cuts = WalFile::salvage(dir.path(), 0).unwrap();
+        assert_eq!(cuts.len(), 1, "{cuts:?}");
+        assert!(
+            cuts[0].contains(&format!("cut at byte {second}")),
+            "{cuts:?}"
+        );
+        let (_, found) = reopen(dir.path()).unwrap();
+        assert_eq!(commits(&found), [1]);
+        assert!(
+            WalFile::salvage(dir.path(), 0).unwrap().is_empty(),
+            "a sound log is left alone"
+        );
+    }
+
+    #[test]
+    fn a_segment_that_ends_early_before_a_later_one_is_refused_and_repair_cuts_there() {
+        let dir = tempfile::tempdir().unwrap();
+        for commits in [1..=2, 3..=4, 5..=5] {
+            let (wal, _) = reopen(dir.path()).unwrap();
+            for commit in commits {
+                wal.append(commit, &entry(commit as u8)).unwrap();
+            }
+            wal.sync().unwrap();
+        }
+        // Commit 2, at the end of the first segment, is lost; the segment still reads cleanly.
+        let first = segment_path(dir.path(), 1);
+        let mut bytes = std::fs::read(&first).unwrap();
+        let (_, _, second) = record_at(&bytes, 0).unwrap();
+        bytes[second..].fill(0);
+        std::fs::write(&first, &bytes).unwrap();
+        let message = reopen(dir.path()).err().expect("refused").to_string();
+        assert!(message.contains("commits 2 to 2 are missing"), "{message}");
+
+        let cuts = WalFile::salvage(dir.path(), 0).unwrap();
+        assert_eq!(cuts.len(), 1, "{cuts:?}");
+        assert!(!segment_path(dir.path(), 3).exists());
+        assert!(!segment_path(dir.path(), 5).exists());
+        let (_, found) = reopen(dir.path()).unwrap();
+        assert_eq!(commits(&found), [1]);
     }
 }
