@@ -29,6 +29,8 @@ pub struct ServeConfig {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub max_payload_bytes: usize,
+    /// The largest `result` a worker's complete report may carry, serialized.
+    pub max_result_bytes: usize,
     pub max_batch_body_bytes: usize,
     /// Request bodies held in memory at once; past it, requests are refused as overloaded.
     pub inflight_body_bytes: usize,
@@ -66,6 +68,7 @@ impl Default for ServeConfig {
             data_dir: PathBuf::from("./sluice-data"),
             listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
             max_payload_bytes: 1024 * 1024,
+            max_result_bytes: 1024 * 1024,
             max_batch_body_bytes: 16 * 1024 * 1024,
             inflight_body_bytes: 256 * 1024 * 1024,
             queue_capacity: 4096,
@@ -95,6 +98,7 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub listen: Option<SocketAddr>,
     pub max_payload_bytes: Option<usize>,
+    pub max_result_bytes: Option<usize>,
     pub max_batch_body_bytes: Option<usize>,
     pub inflight_body_bytes: Option<usize>,
     pub queue_capacity: Option<usize>,
@@ -181,6 +185,7 @@ impl ServeConfig {
                 .max_payload_bytes
                 .or(file.max_payload_bytes)
                 .unwrap_or(defaults.max_payload_bytes),
+            max_result_bytes: file.max_result_bytes.unwrap_or(defaults.max_result_bytes),
             max_batch_body_bytes: file
                 .max_batch_body_bytes
                 .unwrap_or(defaults.max_batch_body_bytes),
@@ -212,12 +217,16 @@ impl ServeConfig {
         if !(1..=64 * 1024 * 1024).contains(&self.max_payload_bytes) {
             return Err(invalid("max_payload_bytes", "must be 1 B to 64 MiB"));
         }
+        if !(1..=64 * 1024 * 1024).contains(&self.max_result_bytes) {
+            return Err(invalid("max_result_bytes", "must be 1 B to 64 MiB"));
+        }
         if self.max_batch_body_bytes < 1024 || self.max_batch_body_bytes > 256 * 1024 * 1024 {
             return Err(invalid("max_batch_body_bytes", "must be 1 KiB to 256 MiB"));
         }
         let largest_body = self
             .max_batch_body_bytes
             .max(self.max_payload_bytes + 64 * 1024)
+            .max(self.max_result_bytes + 64 * 1024)
             .max(self.max_policy_bytes);
         if self.inflight_body_bytes < largest_body || self.inflight_body_bytes > 4 << 30 {
             return Err(invalid(

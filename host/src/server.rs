@@ -97,6 +97,7 @@ impl Server {
             config.max_policy_bytes,
         );
         limits.max_claim_wait = Duration::from_millis(config.max_claim_wait_ms);
+        limits.max_result_bytes = config.max_result_bytes;
         Ok(Server {
             state: AppState::new(Arc::new(scheduler), policies, limits, metrics),
             drain_timeout: Duration::from_millis(config.drain_timeout_ms),

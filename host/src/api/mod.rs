@@ -47,6 +47,9 @@ pub struct ApiLimits {
     pub policy_body_bytes: usize,
     /// The longest a claim may wait for work.
     pub max_claim_wait: Duration,
+    /// The largest `result` a complete report may carry, serialized; a single report's body
+    /// may be this plus room for its other fields.
+    pub max_result_bytes: usize,
 }
 
 impl ApiLimits {
@@ -65,6 +68,7 @@ impl ApiLimits {
             inflight_body_bytes,
             policy_body_bytes,
             max_claim_wait: Duration::from_secs(30),
+            max_result_bytes: 1024 * 1024,
         }
     }
 }

@@ -22,6 +22,8 @@ pub enum ApiError {
     InvalidTask(ValidationError),
     #[error("the payload is {size} bytes; the limit is {limit}")]
     PayloadTooLarge { size: usize, limit: usize },
+    #[error("the result is {size} bytes; the limit is {limit} (max_result_bytes)")]
+    ResultTooLarge { size: usize, limit: usize },
     #[error("the body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
     #[error("a batch holds at most {max} tasks; this one has {count}")]
@@ -108,6 +110,11 @@ impl ApiError {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload-too-large",
                 "Payload too large",
+            ),
+            ResultTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "result-too-large",
+                "Result too large",
             ),
             BodyTooLarge { .. } => (
                 StatusCode::PAYLOAD_TOO_LARGE,

@@ -88,22 +88,17 @@ pub async fn complete(
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Json<Task>, ApiError> {
-    let limit = state.limits.body_bytes;
+    let limit = state.limits.max_result_bytes + 64 * 1024;
     let Decoded {
         value: request,
         _budget,
     } = state
         .read_json::<CompleteRequest>(&headers, raw, limit)
         .await?;
+    let result = bounded_result(request.result, state.limits.max_result_bytes)?;
     let task = state
         .scheduler
-        .report(
-            id,
-            request.lease_token,
-            Report::Complete {
-                result: request.result,
-            },
-        )
+        .report(id, request.lease_token, Report::Complete { result })
         .await?;
     Ok(Json(task))
 }
@@ -138,6 +133,18 @@ pub async fn fail(
         )
         .await?;
     Ok(Json(task))
+}
+
+/// A result within `limit` bytes serialized, or the refusal: results live in the task record,
+/// which every later read and write of the task carries.
+fn bounded_result(result: serde_json::Value, limit: usize) -> Result<serde_json::Value, ApiError> {
+    let size = serde_json::to_vec(&result)
+        .map_err(|e| ApiError::InvalidRequest(format!("the result cannot be encoded: {e}")))?
+        .len();
+    if size > limit {
+        return Err(ApiError::ResultTooLarge { size, limit });
+    }
+    Ok(result)
 }
 
 fn bounded_message(mut message: String) -> String {
@@ -179,7 +186,7 @@ enum BatchItemRequest {
 }
 
 impl BatchItemRequest {
-    fn into_report(self) -> Result<(TaskId, String, Report), ApiError> {
+    fn into_report(self, max_result_bytes: usize) -> Result<(TaskId, String, Report), ApiError> {
         Ok(match self {
             BatchItemRequest::Start { task, lease_token } => (task, lease_token, Report::Start),
             BatchItemRequest::Heartbeat { task, lease_token } => {
@@ -189,7 +196,10 @@ impl BatchItemRequest {
                 task,
                 lease_token,
                 result,
-            } => (task, lease_token, Report::Complete { result }),
+            } => {
+                let result = bounded_result(result, max_result_bytes)?;
+                (task, lease_token, Report::Complete { result })
+            }
             BatchItemRequest::Fail {
                 task,
                 lease_token,
@@ -234,12 +244,13 @@ pub async fn batch(
             request.reports.len()
         )));
     }
+    let max_result_bytes = state.limits.max_result_bytes;
     let prepared = request
         .reports
         .iter()
         .map(|raw| {
             decode_json::<BatchItemRequest>(raw.get().as_bytes())
-                .and_then(BatchItemRequest::into_report)
+                .and_then(|item| item.into_report(max_result_bytes))
         })
         .collect();
     let scheduler = &state.scheduler;

@@ -36,6 +36,8 @@ pub struct Generation {
     pub blocks: BTreeMap<u64, Arc<[u8]>>,
     /// Worker log entries by `seq`.
     pub worker_events: BTreeMap<u64, Arc<[u8]>>,
+    /// The bytes of everything above, as records, payloads and blocks add up.
+    pub bytes: usize,
 }
 
 impl Generation {
@@ -84,6 +86,12 @@ impl Overlay {
     /// pending work counts.
     pub fn task_count(&self) -> usize {
         self.current.tasks.len() + self.writing.tasks.len()
+    }
+
+    /// The bytes held in both generations: what bounds the overlay's memory, since one task's
+    /// record and payload may each be a mebibyte.
+    pub fn byte_count(&self) -> usize {
+        self.current.bytes + self.writing.bytes
     }
 
     /// Whether the generation of a round that failed waits to be written again (asked between
@@ -172,9 +180,14 @@ impl Overlay {
                 record: write.record,
                 stale_index: stale,
             };
+            self.current.bytes += pending.record.len() + pending.index_value.len();
             match self.current.tasks.entry(write.id) {
                 std::collections::hash_map::Entry::Occupied(mut entry) => {
                     let held = entry.get_mut();
+                    self.current.bytes = self
+                        .current
+                        .bytes
+                        .saturating_sub(held.record.len() + held.index_value.len());
                     let stale_index = if replayed {
                         held.stale_index | stale | state_bit(held.state)
                     } else {
@@ -195,6 +208,14 @@ impl Overlay {
                 }
             }
         }
+        self.current.bytes += entry.keys.len() * 64
+            + entry.payloads.iter().map(|(_, p)| p.len()).sum::<usize>()
+            + entry.blocks.iter().map(|(_, b)| b.len()).sum::<usize>()
+            + entry
+                .worker_events
+                .iter()
+                .map(|(_, e)| e.len())
+                .sum::<usize>();
         self.current.keys.extend(entry.keys);
         self.current.payloads.extend(entry.payloads);
         self.current.blocks.extend(entry.blocks);
@@ -377,5 +398,31 @@ mod tests {
             state_bit(State::Queued) | state_bit(State::Claimed) | state_bit(State::Running)
         );
         assert_eq!(overlay.take_round().through_commit, 5);
+    }
+
+    #[test]
+    fn the_bytes_held_follow_what_is_pending_and_a_rewrite_replaces_its_record() {
+        let mut overlay = Overlay::default();
+        let big = "x".repeat(1 << 20);
+        overlay.absorb(
+            1,
+            entry(vec![write(1, None, State::Queued, &big)], vec![]),
+            false,
+        );
+        assert_eq!(overlay.byte_count(), 1 << 20);
+        // The same task written again counts once, at its new size.
+        overlay.absorb(
+            2,
+            entry(
+                vec![write(1, Some(State::Queued), State::Claimed, "small")],
+                vec![],
+            ),
+            false,
+        );
+        assert_eq!(overlay.byte_count(), 5);
+        let round = overlay.take_round();
+        assert_eq!(overlay.byte_count(), 5, "a round under way is still held");
+        overlay.settle(&round);
+        assert_eq!(overlay.byte_count(), 0);
     }
 }

@@ -18,6 +18,9 @@ use std::sync::{Arc, Condvar, Mutex};
 /// Tasks logged but not yet written into sled, at most; a commit past it waits for the materializer
 /// (up to `BEHIND_TIMEOUT`, then fails) so memory stays bounded.
 const MAX_PENDING_TASKS: usize = 100_000;
+/// Bytes logged but not yet written into sled, at most, records and payloads together: with
+/// results and payloads of a mebibyte, the task count alone would allow a hundred gibibytes.
+pub(super) const MAX_PENDING_BYTES: usize = 256 << 20;
 const BEHIND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What the store and its materializer thread share.
@@ -136,7 +139,8 @@ impl Shared {
     pub(super) fn wait_for_room(&self) -> Result<(), StoreError> {
         let started = std::time::Instant::now();
         let mut overlay = lock(&self.overlay);
-        while overlay.task_count() >= MAX_PENDING_TASKS {
+        while overlay.task_count() >= MAX_PENDING_TASKS || overlay.byte_count() >= MAX_PENDING_BYTES
+        {
             if started.elapsed() >= BEHIND_TIMEOUT {
                 return Err(StoreError::Io(std::io::Error::other(
                     "tasks are not being written in place: the write-ahead log is full",
