@@ -31,6 +31,8 @@ pub struct ServeConfig {
     pub max_payload_bytes: usize,
     /// The largest `result` a worker's complete report may carry, serialized.
     pub max_result_bytes: usize,
+    /// Hosts, addresses and CIDRs a `callback_url` may name although private or loopback.
+    pub callback_allow: Vec<String>,
     pub max_batch_body_bytes: usize,
     /// Request bodies held in memory at once; past it, requests are refused as overloaded.
     pub inflight_body_bytes: usize,
@@ -69,6 +71,7 @@ impl Default for ServeConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
             max_payload_bytes: 1024 * 1024,
             max_result_bytes: 1024 * 1024,
+            callback_allow: Vec::new(),
             max_batch_body_bytes: 16 * 1024 * 1024,
             inflight_body_bytes: 256 * 1024 * 1024,
             queue_capacity: 4096,
@@ -99,6 +102,7 @@ pub struct FileConfig {
     pub listen: Option<SocketAddr>,
     pub max_payload_bytes: Option<usize>,
     pub max_result_bytes: Option<usize>,
+    pub callback_allow: Option<Vec<String>>,
     pub max_batch_body_bytes: Option<usize>,
     pub inflight_body_bytes: Option<usize>,
     pub queue_capacity: Option<usize>,
@@ -145,6 +149,8 @@ pub struct Overrides {
     pub sync_claims: Option<bool>,
     pub lease_ms: Option<u64>,
     pub drain_timeout_ms: Option<u64>,
+    /// Replaces the file's `callback_allow` when given.
+    pub callback_allow: Option<Vec<String>>,
     /// `kind.name=value` settings of policies; each overrides the same setting in the file.
     pub policy_settings: Vec<String>,
 }
@@ -186,6 +192,10 @@ impl ServeConfig {
                 .or(file.max_payload_bytes)
                 .unwrap_or(defaults.max_payload_bytes),
             max_result_bytes: file.max_result_bytes.unwrap_or(defaults.max_result_bytes),
+            callback_allow: overrides
+                .callback_allow
+                .or(file.callback_allow)
+                .unwrap_or(defaults.callback_allow),
             max_batch_body_bytes: file
                 .max_batch_body_bytes
                 .unwrap_or(defaults.max_batch_body_bytes),
@@ -220,6 +230,11 @@ impl ServeConfig {
         if !(1..=64 * 1024 * 1024).contains(&self.max_result_bytes) {
             return Err(invalid("max_result_bytes", "must be 1 B to 64 MiB"));
         }
+        if self.callback_allow.len() > 1_000 {
+            return Err(invalid("callback_allow", "at most 1,000 rules"));
+        }
+        crate::model::CallbackAllow::parse(&self.callback_allow)
+            .map_err(|reason| invalid("callback_allow", &reason))?;
         if self.max_batch_body_bytes < 1024 || self.max_batch_body_bytes > 256 * 1024 * 1024 {
             return Err(invalid("max_batch_body_bytes", "must be 1 KiB to 256 MiB"));
         }

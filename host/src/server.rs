@@ -33,6 +33,8 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("stopped after a failed sync ({0}); restart to replay the log from disk")]
     StorageFailed(String),
+    #[error("invalid setting: {0}")]
+    Config(String),
 }
 
 pub struct Server {
@@ -69,6 +71,8 @@ impl Server {
                 metrics: metrics.policies.clone(),
             },
         )?);
+        let callback_allow = crate::model::CallbackAllow::parse(&config.callback_allow)
+            .map_err(|reason| ServerError::Config(format!("callback_allow: {reason}")))?;
         let scheduler = Scheduler::start(
             store,
             Box::new(SystemClock),
@@ -83,6 +87,7 @@ impl Server {
                     ..EngineOptions::default()
                 },
                 sync_claims: config.sync_claims,
+                callback_allow: callback_allow.clone(),
                 metrics: metrics.tasks.clone(),
                 pipeline_metrics: metrics.pipeline.clone(),
                 ..SchedulerOptions::default()
@@ -91,6 +96,7 @@ impl Server {
         let mut limits = ApiLimits::new(
             Limits {
                 max_payload_bytes: config.max_payload_bytes,
+                callback_allow: callback_allow.clone(),
             },
             config.max_batch_body_bytes,
             config.inflight_body_bytes,

@@ -57,6 +57,36 @@ async fn bad_requests_get_problem_json() {
         422,
         "invalid-task",
     );
+    // Callbacks may not be aimed at the server's own machine or a private network unless
+    // `callback_allow` names the destination; this server allows none.
+    for private in [
+        "http://127.0.0.1:7700/v1/tasks",
+        "http://localhost/done",
+        "http://10.1.2.3/done",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]/done",
+        "http://[fd00::1]/done",
+    ] {
+        let body = format!(r#"{{"kind": "k", "callback_url": "{private}"}}"#);
+        let refused = answer(
+            client
+                .post(&tasks)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_problem(&refused, 422, "invalid-task");
+        assert!(
+            refused.body["detail"]
+                .as_str()
+                .unwrap()
+                .contains("callback_allow"),
+            "{private}"
+        );
+    }
 
     // A 2 MiB payload: over the 1 MiB payload limit, and over the body limit too.
     let big = json!({"kind": "oct.scan", "payload": "x".repeat(2 * 1024 * 1024)});

@@ -308,7 +308,7 @@ async fn receiver(statuses: Vec<u16>) -> (String, tokio::sync::mpsc::UnboundedRe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_callback_is_retried_until_delivered_and_each_attempt_is_an_event() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = Server::start_with(dir.path(), &["--callback-allow", "127.0.0.1"]);
     let client = http();
     let (url, mut bodies) = receiver(vec![500, 200]).await;
     let submitted = post_json(

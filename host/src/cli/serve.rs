@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// On SIGTERM or SIGINT, how long running work may still report, in ms [default: 90000]
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_MS")]
     drain_timeout_ms: Option<u64>,
+    /// Hosts, addresses or CIDRs a callback_url may name although loopback or private,
+    /// comma-separated (e.g. 127.0.0.1,10.0.0.0/8,receiver.lab) [default: none]
+    #[arg(long, env = "SLUICE_CALLBACK_ALLOW", value_delimiter = ',')]
+    callback_allow: Option<Vec<String>>,
     /// A policy setting, kind.name=value (e.g. retry.initial_delay_ms=100); repeatable.
     /// Overrides the same setting in the file's [policies.<kind>] table.
     #[arg(long = "policy-config")]
@@ -53,6 +57,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         sync_claims: args.sync_claims,
         lease_ms: args.lease_ms,
         drain_timeout_ms: args.drain_timeout_ms,
+        callback_allow: args.callback_allow,
         policy_settings: args.policy_settings,
     };
     let config = ServeConfig::resolve(file, overrides)?;

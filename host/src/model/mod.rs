@@ -3,6 +3,7 @@
 //! payloads that split and merge read.
 
 mod change;
+mod destination;
 mod event;
 mod failure;
 mod id;
@@ -16,6 +17,7 @@ mod vector;
 mod worker;
 
 pub use change::{Change, KeyRecord, NewTask, Recovery, TaskWrite};
+pub use destination::{CallbackAllow, is_local_name, is_public};
 pub use event::{Actor, Event};
 pub use failure::FailureClass;
 pub use id::{IdError, IdGenerator, TaskId};

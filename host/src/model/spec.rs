@@ -64,12 +64,15 @@ fn default_max_attempts() -> u32 {
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub max_payload_bytes: usize,
+    /// Private destinations a `callback_url` may name all the same.
+    pub callback_allow: super::CallbackAllow,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_payload_bytes: 1024 * 1024,
+            callback_allow: super::CallbackAllow::default(),
         }
     }
 }
@@ -151,6 +154,9 @@ impl TaskSpec {
             _ => {}
         }
         self.validate()?;
+        if let Some(url) = &self.callback_url {
+            check_callback_destination(url, &limits.callback_allow)?;
+        }
         let payload_json =
             serde_json::to_vec(&self.payload).map_err(|e| field("payload", e.to_string()))?;
         if payload_json.len() > limits.max_payload_bytes {
@@ -241,6 +247,29 @@ fn check_callback_url(text: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// Refuses a callback to a loopback, private or link-local address, or to a `localhost` name,
+/// unless `allow` names it. (Names are checked again when the deliverer resolves them.)
+fn check_callback_destination(
+    text: &str,
+    allow: &super::CallbackAllow,
+) -> Result<(), ValidationError> {
+    let url = url::Url::parse(text).map_err(|e| field("callback_url", e.to_string()))?;
+    let refused = match url.host() {
+        Some(url::Host::Ipv4(v4)) => !allow.permits(&v4.to_string(), v4.into()),
+        Some(url::Host::Ipv6(v6)) => !allow.permits(&v6.to_string(), v6.into()),
+        Some(url::Host::Domain(name)) => super::is_local_name(name) && !allow.allows_host(name),
+        None => true,
+    };
+    if refused {
+        return Err(field(
+            "callback_url",
+            "names a loopback, private or link-local destination; the server's \
+             `callback_allow` setting must name it first",
+        ));
+    }
+    Ok(())
+}
+
 impl Submission {
     /// The host's own admission of this submission (see `Admission::native`).
     pub fn native_admission(&self, seq: u64) -> super::Admission {
@@ -279,6 +308,7 @@ mod tests {
     fn bounds_are_enforced() {
         let limits = Limits {
             max_payload_bytes: 16,
+            ..Limits::default()
         };
         let bad = [
             serde_json::json!({"kind": ""}),

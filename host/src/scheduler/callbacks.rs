@@ -6,6 +6,7 @@
 
 use super::{Answer, Command};
 use crate::engine::{CALLBACK_ATTEMPT_TIMEOUT_MS, CallbackJob as Job, CallbackOutcome, Input};
+use crate::model::CallbackAllow;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
@@ -16,7 +17,10 @@ const MAX_IN_FLIGHT: usize = 16;
 pub(crate) const QUEUE_CAPACITY: usize = 1_024;
 
 /// Starts the deliverer; it stops when every job sender is gone.
-pub(crate) fn spawn(commands: mpsc::Sender<Command>) -> std::io::Result<mpsc::Sender<Job>> {
+pub(crate) fn spawn(
+    commands: mpsc::Sender<Command>,
+    allow: CallbackAllow,
+) -> std::io::Result<mpsc::Sender<Job>> {
     let (jobs, mut inbox) = mpsc::channel::<Job>(QUEUE_CAPACITY);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -24,6 +28,7 @@ pub(crate) fn spawn(commands: mpsc::Sender<Command>) -> std::io::Result<mpsc::Se
     let http = reqwest::Client::builder()
         .timeout(Duration::from_millis(CALLBACK_ATTEMPT_TIMEOUT_MS / 2))
         .redirect(reqwest::redirect::Policy::none())
+        .dns_resolver(Arc::new(CheckedResolver { allow }))
         .build()
         .map_err(std::io::Error::other)?;
     std::thread::Builder::new()
@@ -75,5 +80,59 @@ async fn deliver(http: &reqwest::Client, job: &Job) -> CallbackOutcome {
         Err(error) => CallbackOutcome::Failed {
             reason: error.to_string().chars().take(200).collect(),
         },
+    }
+}
+
+/// Resolves a callback's host and keeps only the addresses a callback may reach, so a name that
+/// resolves to a loopback or private address (or is made to, later) is refused like the
+/// address itself would have been at submission.
+struct CheckedResolver {
+    allow: CallbackAllow,
+}
+
+impl reqwest::dns::Resolve for CheckedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow = self.allow.clone();
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let found = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            let permitted: Vec<std::net::SocketAddr> = found
+                .filter(|address| allow.permits(&host, address.ip()))
+                .collect();
+            if permitted.is_empty() {
+                return Err(format!(
+                    "{host} resolves only to loopback, private or link-local addresses; \
+                     `callback_allow` must name it"
+                )
+                .into());
+            }
+            let addresses: reqwest::dns::Addrs = Box::new(permitted.into_iter());
+            Ok(addresses)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::dns::Resolve;
+
+    #[tokio::test]
+    async fn a_name_that_resolves_to_loopback_is_refused_unless_allowed() {
+        let refused = CheckedResolver {
+            allow: CallbackAllow::default(),
+        };
+        let name = || "localhost".parse::<reqwest::dns::Name>().unwrap();
+        let error = refused.resolve(name()).await.err().expect("refused");
+        assert!(error.to_string().contains("callback_allow"), "{error}");
+        let allowed = CheckedResolver {
+            allow: CallbackAllow::parse(&["127.0.0.0/8".into(), "::1".into()]).unwrap(),
+        };
+        let addresses: Vec<_> = allowed.resolve(name()).await.unwrap().collect();
+        assert!(!addresses.is_empty());
+        assert!(
+            addresses.iter().all(|a| a.ip().is_loopback()),
+            "{addresses:?}"
+        );
     }
 }

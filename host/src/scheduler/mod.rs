@@ -66,6 +66,8 @@ pub struct SchedulerOptions {
     /// to the log: they then survive a crash of the process but not a power loss, which only
     /// re-runs the attempt (the task is queued again, and the worker's reports get 409).
     pub sync_claims: bool,
+    /// Private destinations callbacks may reach all the same (see `model::CallbackAllow`).
+    pub callback_allow: crate::model::CallbackAllow,
     /// Where committed changes are counted.
     pub metrics: Arc<crate::telemetry::TaskMetrics>,
     /// Where each sync's time is recorded.
@@ -79,6 +81,7 @@ impl Default for SchedulerOptions {
             engine: EngineOptions::default(),
             tick_ms: 100,
             sync_claims: false,
+            callback_allow: crate::model::CallbackAllow::default(),
             metrics: Arc::default(),
             pipeline_metrics: Arc::default(),
         }
@@ -155,7 +158,7 @@ impl Scheduler {
         let (commands, inbox) = mpsc::channel(options.queue_capacity.max(1));
         let (flush_tx, flush_rx) = std::sync::mpsc::sync_channel(options.queue_capacity.max(1));
         let snapshot = Arc::new(ArcSwap::from_pointee(engine.snapshot()));
-        let callback_jobs = callbacks::spawn(commands.clone())?;
+        let callback_jobs = callbacks::spawn(commands.clone(), options.callback_allow.clone())?;
         let work_queued = Arc::new(WorkSignal::default());
         let (durable_tx, durable_event_seq) = watch::channel(last_event_seq);
         let mut writer = writer::Writer::new(

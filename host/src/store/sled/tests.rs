@@ -225,6 +225,7 @@ fn pages_too_large_for_the_log_land_in_blob_files_that_sync_covers() {
         serde_json::from_value(serde_json::json!({"kind": "k", "payload": huge.clone()})).unwrap();
     let limits = Limits {
         max_payload_bytes: 4 << 20,
+        ..Limits::default()
     };
     let task = create(
         &mut engine,
