@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 struct Run {
     acknowledged: Vec<String>,
     refused: usize,
-    /// Whether the submissions ended because the server had stopped.
-    stopped: bool,
 }
 
 /// Starts a server with `failpoints`, submits tasks one at a time (a worker claiming between
@@ -100,7 +98,6 @@ async fn run_until_the_sync_fails(dir: &std::path::Path, failpoints: &str) -> Ru
     Run {
         acknowledged,
         refused,
-        stopped,
     }
 }
 
