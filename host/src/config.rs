@@ -38,6 +38,8 @@ pub struct ServeConfig {
     pub inflight_body_bytes: usize,
     pub queue_capacity: usize,
     pub cache_capacity_bytes: u64,
+    /// Free space kept on the data directory's filesystem; below it writes get 507.
+    pub min_free_disk_bytes: u64,
     pub fdatasync: bool,
     /// Answer claims only once their leases are synced, not once they are written to the log.
     pub sync_claims: bool,
@@ -76,6 +78,7 @@ impl Default for ServeConfig {
             inflight_body_bytes: 256 * 1024 * 1024,
             queue_capacity: 4096,
             cache_capacity_bytes: 512 * 1024 * 1024,
+            min_free_disk_bytes: crate::store::DEFAULT_MIN_FREE_DISK_BYTES,
             fdatasync: true,
             sync_claims: false,
             policy_configs: BTreeMap::new(),
@@ -107,6 +110,7 @@ pub struct FileConfig {
     pub inflight_body_bytes: Option<usize>,
     pub queue_capacity: Option<usize>,
     pub cache_capacity_bytes: Option<u64>,
+    pub min_free_disk_bytes: Option<u64>,
     pub fdatasync: Option<bool>,
     pub sync_claims: Option<bool>,
     pub policy_memory_limit_bytes: Option<usize>,
@@ -149,6 +153,7 @@ pub struct Overrides {
     pub sync_claims: Option<bool>,
     pub lease_ms: Option<u64>,
     pub drain_timeout_ms: Option<u64>,
+    pub min_free_disk_bytes: Option<u64>,
     /// Replaces the file's `callback_allow` when given.
     pub callback_allow: Option<Vec<String>>,
     /// `kind.name=value` settings of policies; each overrides the same setting in the file.
@@ -206,6 +211,10 @@ impl ServeConfig {
             cache_capacity_bytes: file
                 .cache_capacity_bytes
                 .unwrap_or(defaults.cache_capacity_bytes),
+            min_free_disk_bytes: overrides
+                .min_free_disk_bytes
+                .or(file.min_free_disk_bytes)
+                .unwrap_or(defaults.min_free_disk_bytes),
             fdatasync: overrides
                 .fdatasync
                 .or(file.fdatasync)

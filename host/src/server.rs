@@ -51,6 +51,7 @@ impl Server {
             &SledOptions {
                 cache_capacity_bytes: config.cache_capacity_bytes,
                 fdatasync: config.fdatasync,
+                min_free_disk_bytes: config.min_free_disk_bytes,
             },
         )?;
         let store = Arc::new(store);

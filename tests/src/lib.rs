@@ -1,6 +1,8 @@
 //! The end-to-end harness: builds the real `sluice` binary once, starts it on port 0 with a
 //! temporary data directory, and stops it with SIGTERM or SIGKILL.
 
+pub mod disk;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -261,6 +263,30 @@ pub async fn all_tasks(client: &reqwest::Client, server: &Server) -> Vec<Value> 
             None => return tasks,
         }
     }
+}
+
+/// Every event `seq` in the global log, oldest first, page by page.
+pub async fn event_seqs(client: &reqwest::Client, server: &Server) -> Vec<u64> {
+    let mut seqs = Vec::new();
+    loop {
+        let after = seqs.last().copied().unwrap_or(0);
+        let url = server.endpoint(&format!("/v1/events?after={after}&limit=1000"));
+        let page = get_json(client, &url).await;
+        assert_eq!(page.status, 200, "{:?}", page.body);
+        let events = page.body["events"].as_array().expect("events array");
+        if events.is_empty() {
+            return seqs;
+        }
+        seqs.extend(events.iter().map(|e| e["seq"].as_u64().expect("seq")));
+    }
+}
+
+/// Asserts the global event log runs 1, 2, 3, … without a gap.
+pub async fn assert_gap_free_log(client: &reqwest::Client, server: &Server) -> usize {
+    let seqs = event_seqs(client, server).await;
+    let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
+    assert_eq!(seqs, expected, "the event log has a gap");
+    seqs.len()
 }
 
 /// Asserts an error answer is RFC 9457 problem+json of the given status and type.

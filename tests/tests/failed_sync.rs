@@ -114,24 +114,7 @@ async fn assert_nothing_acknowledged_was_lost(dir: &std::path::Path, run: &Run) 
             "acknowledged task {id} is gone"
         );
     }
-    let mut seqs = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = get_json(
-            &client,
-            &server.endpoint(&format!("/v1/events?after={after}&limit=1000")),
-        )
-        .await;
-        assert_eq!(page.status, 200, "{:?}", page.body);
-        let events = page.body["events"].as_array().unwrap().clone();
-        if events.is_empty() {
-            break;
-        }
-        seqs.extend(events.iter().map(|e| e["seq"].as_u64().unwrap()));
-        after = *seqs.last().unwrap();
-    }
-    let expected: Vec<u64> = (1..=seqs.len() as u64).collect();
-    assert_eq!(seqs, expected, "the event log has a gap");
+    assert_gap_free_log(&client, &server).await;
     // And the restarted server takes writes again.
     let created = post_json(
         &client,

@@ -182,7 +182,9 @@ pub fn router(state: AppState) -> Router {
             telemetry::track,
         ))
         .layer(CatchPanicLayer::custom(panic_response))
-        .layer(TraceLayer::new_for_http())
+        // Server errors are logged where they are mapped to a problem (`problem.rs`), which
+        // knows which ones repeat by the thousand (a full disk) and says those once.
+        .layer(TraceLayer::new_for_http().on_failure(()))
 }
 
 async fn healthz() -> Response {

@@ -74,6 +74,8 @@ pub enum ApiError {
     Internal(String),
     #[error("{0}")]
     StorageFailed(String),
+    #[error("{0}")]
+    InsufficientStorage(String),
 }
 
 /// The body of an error answer.
@@ -204,6 +206,11 @@ impl ApiError {
                 "storage-failed",
                 "Storage failed",
             ),
+            InsufficientStorage(_) => (
+                StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient-storage",
+                "Insufficient storage",
+            ),
         }
     }
 
@@ -237,6 +244,7 @@ impl ApiError {
             ApiError::Overloaded => Some(1),
             ApiError::Draining => Some(5),
             ApiError::PolicyUnavailable(_) => Some(1),
+            ApiError::InsufficientStorage(_) => Some(5),
             _ => None,
         }
     }
@@ -278,13 +286,23 @@ impl From<StepError> for ApiError {
             StepError::InvalidTask(error) => ApiError::InvalidTask(error),
             StepError::Internal(detail) => ApiError::Internal(detail),
             StepError::PolicyUnavailable(reason) => ApiError::PolicyUnavailable(reason),
-            StepError::Store(error) => match &*error {
-                // The disk could not take or keep the write: not a bug, and not the client's.
-                StoreError::Io(_) | StoreError::Failed(_) => {
-                    ApiError::StorageFailed(format!("the write was not made durable: {error}"))
-                }
-                _ => ApiError::Internal(error.to_string()),
-            },
+            StepError::Store(error) => (&*error).into(),
+        }
+    }
+}
+
+impl From<&StoreError> for ApiError {
+    fn from(error: &StoreError) -> Self {
+        match error {
+            // Nothing was written; the same request succeeds once space is freed.
+            full if full.is_full() => {
+                ApiError::InsufficientStorage(format!("nothing was written: {full}"))
+            }
+            // The disk could not take or keep the write: not a bug, and not the client's.
+            StoreError::Io(_) | StoreError::Failed(_) => {
+                ApiError::StorageFailed(format!("the write was not made durable: {error}"))
+            }
+            _ => ApiError::Internal(error.to_string()),
         }
     }
 }
@@ -300,6 +318,7 @@ impl From<RegistryError> for ApiError {
             | RegistryError::TooManyVersions { .. }) => {
                 ApiError::PolicyConflict(conflict.to_string())
             }
+            RegistryError::Store(error) if error.is_full() => (&error).into(),
             other @ (RegistryError::Builtin { .. }
             | RegistryError::Load { .. }
             | RegistryError::Store(_)) => ApiError::Internal(other.to_string()),
@@ -310,7 +329,9 @@ impl From<RegistryError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let problem = self.problem();
-        if problem.status >= 500 {
+        // A full disk refuses every write until space is freed: the writer says so once, not
+        // once a request.
+        if problem.status >= 500 && !matches!(self, ApiError::InsufficientStorage(_)) {
             tracing::error!(error = %self, "request failed");
         }
         let body = serde_json::to_vec(&problem).unwrap_or_default();

@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// On SIGTERM or SIGINT, how long running work may still report, in ms [default: 90000]
     #[arg(long, env = "SLUICE_DRAIN_TIMEOUT_MS")]
     drain_timeout_ms: Option<u64>,
+    /// Free space kept on the data directory's filesystem, in bytes: below it writes are
+    /// answered 507 until space is freed [default: 134217728]
+    #[arg(long, env = "SLUICE_MIN_FREE_DISK_BYTES")]
+    min_free_disk_bytes: Option<u64>,
     /// Hosts, addresses or CIDRs a callback_url may name although loopback or private,
     /// comma-separated (e.g. 127.0.0.1,10.0.0.0/8,receiver.lab) [default: none]
     #[arg(long, env = "SLUICE_CALLBACK_ALLOW", value_delimiter = ',')]
@@ -57,6 +61,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         sync_claims: args.sync_claims,
         lease_ms: args.lease_ms,
         drain_timeout_ms: args.drain_timeout_ms,
+        min_free_disk_bytes: args.min_free_disk_bytes,
         callback_allow: args.callback_allow,
         policy_settings: args.policy_settings,
     };

@@ -154,6 +154,11 @@ pub(crate) struct Writer {
     pub(super) durable_event_seq: Option<watch::Sender<u64>>,
     /// Told why, once the store has failed a sync.
     pub(super) storage_failed: Option<watch::Sender<Option<String>>>,
+    /// Tasks durable but not admitted at start, held back by a full disk: admitted with the
+    /// first group once there is room.
+    unadmitted: Vec<TaskId>,
+    /// The last group was refused for want of disk space (for logging the change only).
+    disk_full: bool,
 }
 
 impl Writer {
@@ -183,6 +188,8 @@ impl Writer {
             metrics: Arc::default(),
             durable_event_seq: None,
             storage_failed: None,
+            unadmitted: Vec::new(),
+            disk_full: false,
         }
     }
 
@@ -203,12 +210,37 @@ impl Writer {
                 }
             }
             if let Some(reason) = self.store.failed() {
-                if !self.refuse_all(&mut waiting, reason) {
+                self.announce_failure(&reason);
+                if !self.refuse_all(&mut waiting, Arc::new(StoreError::Failed(reason))) {
                     break;
                 }
                 continue;
             }
+            // On a disk too full to take a commit, the group is refused before it is planned:
+            // the engine never runs ahead of the store, and nothing needs undoing. The check
+            // is made again for every group, so writes resume as soon as space is freed.
+            if let Err(full) = self.store.check_space() {
+                if !self.disk_full {
+                    tracing::warn!(error = %full, "writes are refused until the disk has room");
+                    self.disk_full = true;
+                }
+                if !self.refuse_all(&mut waiting, Arc::new(full)) {
+                    break;
+                }
+                continue;
+            }
+            if std::mem::take(&mut self.disk_full) {
+                tracing::info!("the disk has room again: writes are taken");
+            }
             let mut group = Group::default();
+            if !self.unadmitted.is_empty() {
+                let unadmitted = std::mem::take(&mut self.unadmitted);
+                tracing::info!(
+                    tasks = unadmitted.len(),
+                    "admitting the tasks a full disk held back at start"
+                );
+                self.step(Input::Admit(unadmitted), &mut group);
+            }
             let mut open = true;
             // A group of worker traffic takes no submissions: those go in the next group, so a
             // claim's answer does not wait for a batch of them to be planned and logged. When
@@ -238,21 +270,24 @@ impl Writer {
         inbox.close();
     }
 
-    /// After a failed sync: answers every waiting command with the failure, except heartbeats
-    /// and reads of the worker table, which change nothing durable; nothing else is stepped, so
-    /// no task whose submission was answered with an error is ever handed to a worker. False
-    /// once told to shut down.
-    fn refuse_all(&mut self, waiting: &mut Waiting, reason: String) -> bool {
+    /// Tells the server, once, that the store has failed a sync.
+    fn announce_failure(&self, reason: &str) {
         if let Some(failed) = &self.storage_failed {
             failed.send_if_modified(|known| {
                 let first = known.is_none();
                 if first {
-                    *known = Some(reason.clone());
+                    *known = Some(reason.to_owned());
                 }
                 first
             });
         }
-        let error = Arc::new(StoreError::Failed(reason));
+    }
+
+    /// When the store cannot take a commit (a failed sync, a full disk): answers every waiting
+    /// command with `error`, except heartbeats and reads of the worker table, which change
+    /// nothing durable; nothing else is stepped, so no task whose submission was answered with
+    /// an error is ever handed to a worker. False once told to shut down.
+    fn refuse_all(&mut self, waiting: &mut Waiting, error: Arc<StoreError>) -> bool {
         let failed = || SchedulerError::from(error.clone());
         while let Some(command) = waiting.pop() {
             match command {
@@ -492,12 +527,22 @@ impl Writer {
     }
 
     /// Takes the policies' bucket weights and admits the tasks that were durable but not
-    /// admitted when the last process stopped, durably, before any request is served.
+    /// admitted when the last process stopped, durably, before any request is served (on a
+    /// disk too full for it, with the first group that finds room).
     pub(crate) fn start(&mut self, unadmitted: Vec<TaskId>) -> Result<(), SchedulerError> {
         let mut group = Group::default();
         self.step(Input::PoliciesChanged, &mut group);
         if !unadmitted.is_empty() {
-            self.step(Input::Admit(unadmitted), &mut group);
+            match self.store.check_space() {
+                Ok(()) => {
+                    self.step(Input::Admit(unadmitted), &mut group);
+                }
+                // A server started on a full disk still comes up and serves reads.
+                Err(full) => {
+                    tracing::warn!(error = %full, tasks = unadmitted.len(), "tasks wait for admission until the disk has room");
+                    self.unadmitted = unadmitted;
+                }
+            }
         }
         if !group.change.is_empty() {
             self.store.commit(&group.change)?;

@@ -12,6 +12,11 @@ use crate::model::{
     TaskId, WorkerEvent,
 };
 
+/// The free space a store keeps on its disk by default, refusing writes below it: several times
+/// what the embedded store writes in place in one round under a steady load, and room for an
+/// operator's shell to work in.
+pub const DEFAULT_MIN_FREE_DISK_BYTES: u64 = 128 << 20;
+
 /// Why a store could not do what it was asked. A backend maps its own errors here: I/O failures
 /// stay `Io` (so a full disk is still recognisable), and the rest travel as `Backend`.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +37,26 @@ pub enum StoreError {
     /// cache cannot be trusted).
     #[error("storage failed and takes no more writes until a restart: {0}")]
     Failed(String),
+    /// The disk is too full to take the write: `free_bytes` left, `min_free_bytes` kept in
+    /// reserve. Nothing was written; the same write succeeds once space is freed.
+    #[error(
+        "the data directory's filesystem is full: {free_bytes} bytes free, {min_free_bytes} kept in reserve; writes resume once space is freed"
+    )]
+    Full {
+        free_bytes: u64,
+        min_free_bytes: u64,
+    },
+}
+
+impl StoreError {
+    /// Whether the write failed for want of disk space (and may succeed later as it is).
+    pub fn is_full(&self) -> bool {
+        match self {
+            StoreError::Full { .. } => true,
+            StoreError::Io(error) => error.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        }
+    }
 }
 
 /// A page request over tasks, in id order (so, arrival order).
@@ -78,6 +103,11 @@ pub trait Store: Send + Sync + 'static {
     /// The worker log after `after_seq`, oldest first, at most `limit`.
     fn worker_events(&self, after_seq: u64, limit: usize) -> Result<Vec<WorkerEvent>, StoreError>;
     fn recover(&self) -> Result<Recovery, StoreError>;
+    /// `Full` while the disk is too full for a commit to be taken, so a caller can refuse work
+    /// before planning it; a commit checks again itself.
+    fn check_space(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Why the store takes no more writes, once a sync has failed; `None` while it is sound.
     fn failed(&self) -> Option<String> {
         None

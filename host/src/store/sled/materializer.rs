@@ -90,14 +90,42 @@ pub(super) fn round(shared: &Shared) -> Result<usize, StoreError> {
 /// The materializer thread: rounds until told to stop, then one last round.
 pub(super) fn run(shared: &Shared) {
     super::util::lower_priority();
+    let mut waiting_for_space = false;
     loop {
         let stopping = wait_for_work(shared);
         if shared.failure().is_some() {
             // A sync failed: the pending rounds stay in the log, for the restart to replay.
             return;
         }
+        // sled cannot survive ENOSPC: on a disk too full for the round, the pending writes
+        // stay in the log and the overlay (which serve every read) until space is freed.
+        let pending_bytes = lock(&shared.overlay).byte_count() as u64;
+        match shared.space.room_for_sled(pending_bytes) {
+            Ok(true) => waiting_for_space = false,
+            Ok(false) | Err(_) if !stopping => {
+                if !waiting_for_space {
+                    tracing::warn!(
+                        pending_bytes,
+                        "the disk is too full to write pending tasks into sled; they stay in the write-ahead log until space is freed"
+                    );
+                    waiting_for_space = true;
+                }
+                let overlay = lock(&shared.overlay);
+                if !shared.stop.load(Ordering::Acquire) {
+                    let _ = shared.wake.wait_timeout(overlay, Duration::from_secs(1));
+                }
+                continue;
+            }
+            Ok(false) | Err(_) => return,
+        }
         if let Err(error) = round(shared) {
             tracing::error!(%error, "writing pending tasks into sled failed; they stay in the write-ahead log");
+            // sled keeps its first I/O error for good: the open database is lost to this
+            // process, as after a failed sync, and a restart replays the log.
+            if matches!(error, StoreError::Io(_)) {
+                shared.fail("writing into sled", &error);
+                return;
+            }
             if !stopping {
                 std::thread::sleep(Duration::from_millis(100));
             }

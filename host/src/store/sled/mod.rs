@@ -20,6 +20,7 @@ mod policy_catalog;
 mod record;
 mod segment;
 mod shared;
+mod space;
 mod util;
 mod wal;
 mod wal_file;
@@ -55,6 +56,10 @@ pub struct SledOptions {
     pub cache_capacity_bytes: u64,
     /// fdatasync after each flush, so acknowledged work survives power loss and not only a crash.
     pub fdatasync: bool,
+    /// Free space kept on the data directory's filesystem: below it commits are refused
+    /// (`StoreError::Full`) until space is freed, so sled, which cannot survive ENOSPC, always
+    /// has room to write in place what the log holds.
+    pub min_free_disk_bytes: u64,
 }
 
 impl Default for SledOptions {
@@ -62,6 +67,7 @@ impl Default for SledOptions {
         SledOptions {
             cache_capacity_bytes: 512 << 20,
             fdatasync: true,
+            min_free_disk_bytes: crate::store::DEFAULT_MIN_FREE_DISK_BYTES,
         }
     }
 }
@@ -119,7 +125,8 @@ impl SledStore {
                 .ok_or_else(|| corrupt("write-ahead floor", "short value"))?,
             None => 0,
         };
-        let (wal, logged) = WalFile::open(&dir.join("wal"), floor)?;
+        let space = Arc::new(space::DiskSpace::new(dir, options.min_free_disk_bytes));
+        let (wal, logged) = WalFile::open(&dir.join("wal"), floor, space.clone())?;
         let next_commit = wal.next_commit();
         let shared = Arc::new(Shared {
             db,
@@ -136,6 +143,7 @@ impl SledStore {
             wal,
             fdatasync: options.fdatasync,
             failure: Mutex::new(None),
+            space,
         });
         replay(&shared, logged, floor)?;
         let materializer = if materialize {
@@ -167,10 +175,20 @@ fn replay(shared: &Shared, logged: Vec<(u64, Entry)>, floor: u64) -> Result<(), 
         }
     }
     let replayed = overlay.len();
+    let bytes = overlay.byte_count() as u64;
     *lock(&shared.overlay) = overlay;
     if replayed > 0 {
-        materializer::round(shared)?;
-        tracing::info!(records = replayed, "replayed the write-ahead log into sled");
+        // On a disk too full for it the materializer writes them later; the overlay serves
+        // them meanwhile.
+        if shared.space.room_for_sled(bytes)? {
+            materializer::round(shared)?;
+            tracing::info!(records = replayed, "replayed the write-ahead log into sled");
+        } else {
+            tracing::warn!(
+                records = replayed,
+                "the disk is too full to write the replayed log into sled yet"
+            );
+        }
     }
     Ok(())
 }
@@ -333,9 +351,19 @@ impl Store for SledStore {
         if entry.is_empty() {
             return Ok(());
         }
+        shared.space.check(0)?;
         shared.wait_for_room()?;
         let commit = *next_commit;
-        shared.wal.append(commit, &entry)?;
+        let written = shared.wal.append(commit, &entry).map_err(|error| {
+            if error.is_full() {
+                shared
+                    .space
+                    .full(shared.space.free_bytes_now().unwrap_or(0))
+            } else {
+                error
+            }
+        })?;
+        shared.space.wrote(written);
         *next_commit += 1;
         let mut overlay = lock(&shared.overlay);
         let was_idle = overlay.pending_since.is_none();
@@ -355,6 +383,10 @@ impl Store for SledStore {
                 .inspect_err(|error| self.shared.fail("syncing the write-ahead log", error))?;
         }
         Ok(())
+    }
+
+    fn check_space(&self) -> Result<(), StoreError> {
+        self.shared.space.check(0)
     }
 
     fn failed(&self) -> Option<String> {

@@ -73,6 +73,8 @@ impl PolicyCatalog for SledStore {
         module: &[u8],
         mut event: PolicyEvent,
     ) -> Result<PolicyEvent, StoreError> {
+        // sled writes in place here: it must not meet a full disk (see `space`).
+        self.shared.space.check(module.len() as u64)?;
         event.seq = self.next_policy_seq()?;
         let mut batch = sled::Batch::default();
         if !self.policies.contains_key(module_key(&version.sha256))? {
@@ -100,6 +102,7 @@ impl PolicyCatalog for SledStore {
         stack: &[u32],
         mut event: PolicyEvent,
     ) -> Result<PolicyEvent, StoreError> {
+        self.shared.space.check(0)?;
         event.seq = self.next_policy_seq()?;
         let mut batch = sled::Batch::default();
         batch.insert(&stack_key(kind)[..], json(&stack)?);
@@ -132,6 +135,7 @@ impl PolicyCatalog for SledStore {
     }
 
     fn put_compiled(&self, cache_key: &str, code: &[u8]) -> Result<(), StoreError> {
+        self.shared.space.check(code.len() as u64)?;
         self.policies.insert(compiled_key(cache_key), code)?;
         Ok(())
     }

@@ -46,6 +46,7 @@ pub(super) struct Shared {
     pub(super) fdatasync: bool,
     /// Set by the first failed sync: from then on nothing is written or synced.
     pub(super) failure: Mutex<Option<String>>,
+    pub(super) space: Arc<super::space::DiskSpace>,
 }
 
 impl Shared {

@@ -12,6 +12,7 @@
 //! commits consecutive. A segment's records end at the first zero header. A crash can tear only
 //! the records after the last sync; opening zeroes them out.
 
+use super::space::DiskSpace;
 use super::util::{corrupt, lock};
 use super::wal::{self, Entry};
 use crate::store::StoreError;
@@ -81,8 +82,12 @@ impl WalFile {
     /// Opens the log under `dir`, returning every intact commit in it, oldest first, and
     /// begins a new segment after them and after `floor` (the last commit known elsewhere, whose
     /// segment may be gone).
-    pub fn open(dir: &Path, floor: u64) -> Result<(WalFile, Vec<(u64, Entry)>), StoreError> {
-        Self::open_with(dir, floor, true, Damage::Refuse, &mut Vec::new())
+    pub fn open(
+        dir: &Path,
+        floor: u64,
+        space: Arc<DiskSpace>,
+    ) -> Result<(WalFile, Vec<(u64, Entry)>), StoreError> {
+        Self::open_with(dir, floor, Some(space), Damage::Refuse, &mut Vec::new())
     }
 
     /// Cuts the log under `dir` at its first damage — a damaged record that is not a torn tail,
@@ -90,16 +95,16 @@ impl WalFile {
     /// the log was sound). The commits past the cut are lost: copy the folder first.
     pub fn salvage(dir: &Path, floor: u64) -> Result<Vec<String>, StoreError> {
         let mut cuts = Vec::new();
-        Self::open_with(dir, floor, false, Damage::Salvage, &mut cuts)?;
+        Self::open_with(dir, floor, None, Damage::Salvage, &mut cuts)?;
         Ok(cuts)
     }
 
-    /// `spares`: whether a thread lays down zeroed segments ahead (tests turn it off to know
-    /// which file each record lands in).
+    /// `spares`: the free space a thread laying down zeroed segments ahead must leave; none for
+    /// no such thread (tests turn it off to know which file each record lands in).
     fn open_with(
         dir: &Path,
         floor: u64,
-        spares: bool,
+        spares: Option<Arc<DiskSpace>>,
         damage: Damage,
         cuts: &mut Vec<String>,
     ) -> Result<(WalFile, Vec<(u64, Entry)>), StoreError> {
@@ -176,15 +181,16 @@ impl WalFile {
             .write(true)
             .open(segment_path(dir, next))?;
         let spare = Arc::new(Spare::default());
-        let preparer = if spares {
-            let (dir, spare) = (dir.to_owned(), spare.clone());
-            Some(
-                std::thread::Builder::new()
-                    .name("sluice-wal-spare".into())
-                    .spawn(move || prepare_spares(&dir, &spare))?,
-            )
-        } else {
-            None
+        let preparer = match spares {
+            Some(space) => {
+                let (dir, spare) = (dir.to_owned(), spare.clone());
+                Some(
+                    std::thread::Builder::new()
+                        .name("sluice-wal-spare".into())
+                        .spawn(move || prepare_spares(&dir, &spare, &space))?,
+                )
+            }
+            None => None,
         };
         let wal = WalFile {
             dir: dir.to_owned(),
@@ -210,8 +216,8 @@ impl WalFile {
         lock(&self.segments).next_commit
     }
 
-    /// Appends commit `commit`; durable after the next `sync`.
-    pub fn append(&self, commit: u64, entry: &Entry) -> Result<(), StoreError> {
+    /// Appends commit `commit`, durable after the next `sync`; answers the bytes it wrote.
+    pub fn append(&self, commit: u64, entry: &Entry) -> Result<u64, StoreError> {
         let mut segments = lock(&self.segments);
         let segments = &mut *segments;
         if commit != segments.next_commit {
@@ -250,10 +256,16 @@ impl WalFile {
             segments.current_zeroed = zeroed;
             segments.directory_changed = true;
         }
-        segments
-            .current
-            .write_all_at(&segments.buffer, segments.current_bytes)?;
-        segments.current_bytes += segments.buffer.len() as u64;
+        let at = segments.current_bytes;
+        if let Err(error) = segments.current.write_all_at(&segments.buffer, at) {
+            // A write cut short by a full disk leaves part of a record; zeroed (over blocks
+            // already allocated, so it needs no space) it cannot be read as one later. The
+            // next append takes the same offset and number.
+            let _ = zero_range(&segments.current, at, segments.buffer.len());
+            return Err(error.into());
+        }
+        let written = segments.buffer.len() as u64;
+        segments.current_bytes += written;
         segments.next_commit += 1;
         if !segments
             .unsynced
@@ -262,7 +274,7 @@ impl WalFile {
         {
             segments.unsynced.push(segments.current.clone());
         }
-        Ok(())
+        Ok(written)
     }
 
     /// The segment that starts at `first_commit`, and whether it is zeroed: the spare when it
@@ -354,9 +366,25 @@ impl Drop for WalFile {
     }
 }
 
-/// The preparer thread: keeps one zeroed spare segment ready, at a low priority.
-fn prepare_spares(dir: &Path, spare: &Spare) {
+/// Zeros `len` bytes at `at`, best effort.
+fn zero_range(file: &File, at: u64, len: usize) -> std::io::Result<()> {
+    let zeros = vec![0u8; len.min(ZERO_WRITE_BYTES)];
+    let mut done = 0;
+    while done < len {
+        let piece = (len - done).min(zeros.len());
+        file.write_all_at(&zeros[..piece], at + done as u64)?;
+        done += piece;
+    }
+    Ok(())
+}
+
+/// The preparer thread: keeps one zeroed spare segment ready, at a low priority. A spare is
+/// only laid down while the disk holds it and the store's reserve besides, so a nearly full
+/// disk is not filled by zeros; the log then goes on in plain segments.
+fn prepare_spares(dir: &Path, spare: &Spare, space: &DiskSpace) {
     super::util::lower_priority();
+    let path = dir.join(SPARE_NAME);
+    let mut warned = false;
     loop {
         {
             let mut state = lock(&spare.state);
@@ -367,12 +395,40 @@ fn prepare_spares(dir: &Path, spare: &Spare) {
                 return;
             }
         }
-        match zeroed_segment(&dir.join(SPARE_NAME), spare) {
-            Ok(Some(file)) => lock(&spare.state).ready = Some(file),
-            Ok(None) => return,
+        let room = space
+            .free_bytes_now()
+            .is_ok_and(|free| free >= space.min_free_bytes().saturating_add(SEGMENT_BYTES));
+        let prepared = if room {
+            zeroed_segment(&path, spare)
+        } else {
+            Err(StoreError::Io(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "no room for a zeroed segment beside the store's reserve",
+            )))
+        };
+        match prepared {
+            Ok(Some(file)) => {
+                lock(&spare.state).ready = Some(file);
+                warned = false;
+            }
+            Ok(None) => {
+                let _ = std::fs::remove_file(&path);
+                return;
+            }
             Err(error) => {
-                tracing::warn!(%error, "cannot prepare the next write-ahead segment; it will be a plain file");
-                std::thread::sleep(std::time::Duration::from_secs(1));
+                // A spare cut short by a full disk would hold the space it took.
+                let _ = std::fs::remove_file(&path);
+                if !warned {
+                    tracing::warn!(%error, "cannot prepare the next write-ahead segment; the log goes on in plain segments");
+                    warned = true;
+                }
+                let state = lock(&spare.state);
+                if state.stop {
+                    return;
+                }
+                let _ = spare
+                    .changed
+                    .wait_timeout(state, std::time::Duration::from_secs(1));
             }
         }
     }
@@ -519,12 +575,90 @@ mod tests {
         }
     }
 
+    /// A tmpfs of `size_mb` MiB mounted for one test, unmounted when dropped; `None` where the
+    /// machine does not allow it (CI, as root, sets `SLUICE_REQUIRE_TMPFS`: there it must run).
+    struct Tmpfs(tempfile::TempDir);
+
+    impl Tmpfs {
+        fn mount(size_mb: u64) -> Option<Tmpfs> {
+            let dir = tempfile::tempdir().unwrap();
+            let mounted = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size_mb}m"), "tmpfs"])
+                .arg(dir.path())
+                .output();
+            if mounted.as_ref().is_ok_and(|o| o.status.success()) {
+                return Some(Tmpfs(dir));
+            }
+            assert!(
+                std::env::var_os("SLUICE_REQUIRE_TMPFS").is_none(),
+                "cannot mount a tmpfs: {mounted:?}"
+            );
+            println!("skipped: cannot mount a tmpfs here; run as root to test a real full disk");
+            None
+        }
+    }
+
+    impl Drop for Tmpfs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.0.path())
+                .status();
+        }
+    }
+
+    fn big_entry(n: u8, bytes: usize) -> Entry {
+        Entry {
+            payloads: vec![(
+                crate::model::TaskId::from_bytes([n; 16]),
+                Arc::from(vec![n; bytes]),
+            )],
+            ..entry(n)
+        }
+    }
+
+    #[test]
+    fn an_append_refused_by_a_full_disk_writes_nothing_and_the_next_one_takes_its_place() {
+        let Some(disk) = Tmpfs::mount(4) else {
+            return;
+        };
+        let dir = disk.0.path().join("wal");
+        let (wal, _) = WalFile::open_with(&dir, 0, None, Damage::Refuse, &mut Vec::new()).unwrap();
+        wal.append(1, &entry(1)).unwrap();
+        // Take all but 256 KiB, then append a commit of 1 MiB: ENOSPC part way through.
+        let filler = disk.0.path().join("filler");
+        let mut file = File::create(&filler).unwrap();
+        loop {
+            let stat = rustix::fs::statvfs(disk.0.path()).unwrap();
+            if stat.f_bavail * stat.f_frsize <= 256 << 10 {
+                break;
+            }
+            std::io::Write::write_all(&mut file, &[7u8; 64 << 10]).unwrap();
+        }
+        drop(file);
+        let refused = wal.append(2, &big_entry(2, 1 << 20)).unwrap_err();
+        assert!(refused.is_full(), "{refused}");
+        assert_eq!(wal.next_commit(), 2, "a refused append takes no number");
+        // A small commit still fits, under the same number; then with room the large one.
+        wal.append(2, &entry(2)).unwrap();
+        std::fs::remove_file(&filler).unwrap();
+        wal.append(3, &big_entry(3, 1 << 20)).unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        let (_, found) =
+            WalFile::open_with(&dir, 0, None, Damage::Refuse, &mut Vec::new()).unwrap();
+        let commits: Vec<u64> = found.iter().map(|(c, _)| *c).collect();
+        assert_eq!(commits, [1, 2, 3]);
+        assert!(found[1].1.payloads.is_empty(), "commit 2 is the small one");
+        assert_eq!(found[2].1.payloads[0].1.len(), 1 << 20);
+    }
+
     #[test]
     fn commits_read_back_in_order_and_a_torn_tail_is_cut_off() {
         let dir = tempfile::tempdir().unwrap();
         {
             let (wal, found) =
-                WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
+                WalFile::open_with(dir.path(), 0, None, Damage::Refuse, &mut Vec::new()).unwrap();
             assert!(found.is_empty());
             for commit in 1..=3 {
                 wal.append(commit, &entry(commit as u8)).unwrap();
@@ -537,7 +671,7 @@ mod tests {
         std::io::Write::write_all(&mut file, &[0, 0, 0, 40, 1, 2]).unwrap();
         drop(file);
         let (wal, found) =
-            WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
+            WalFile::open_with(dir.path(), 0, None, Damage::Refuse, &mut Vec::new()).unwrap();
         let commits: Vec<u64> = found.iter().map(|(c, _)| *c).collect();
         assert_eq!(commits, [1, 2, 3]);
         assert_eq!(found[2].1.blocks[0].0, 3);
@@ -545,7 +679,7 @@ mod tests {
         wal.sync().unwrap();
         drop(wal);
         let (wal, found) =
-            WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
+            WalFile::open_with(dir.path(), 0, None, Damage::Refuse, &mut Vec::new()).unwrap();
         assert_eq!(
             found.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
             [1, 2, 3, 4]
@@ -554,7 +688,7 @@ mod tests {
         // its log with the floor it keeps in sled; commits under it need no segment.)
         wal.release(3).unwrap();
         let (_, found) =
-            WalFile::open_with(dir.path(), 3, false, Damage::Refuse, &mut Vec::new()).unwrap();
+            WalFile::open_with(dir.path(), 3, None, Damage::Refuse, &mut Vec::new()).unwrap();
         assert_eq!(found.iter().map(|(c, _)| *c).collect::<Vec<_>>(), [4]);
     }
 
@@ -562,7 +696,8 @@ mod tests {
     fn records_in_a_zeroed_spare_segment_end_at_its_zeros() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let (wal, _) = WalFile::open(dir.path(), 0).unwrap();
+            let space = Arc::new(DiskSpace::new(dir.path(), 0));
+            let (wal, _) = WalFile::open(dir.path(), 0, space).unwrap();
             wal.append(1, &entry(1)).unwrap();
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
             while lock(&wal.spare.state).ready.is_none() {
@@ -582,7 +717,7 @@ mod tests {
             );
         }
         let (_, found) =
-            WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
+            WalFile::open_with(dir.path(), 0, None, Damage::Refuse, &mut Vec::new()).unwrap();
         assert_eq!(found.iter().map(|(c, _)| *c).collect::<Vec<_>>(), [1, 2, 3]);
     }
 
@@ -591,13 +726,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let (wal, _) =
-                WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
+                WalFile::open_with(dir.path(), 0, None, Damage::Refuse, &mut Vec::new()).unwrap();
             wal.append(1, &entry(1)).unwrap();
             wal.sync().unwrap();
         }
         {
             let (wal, _) =
-                WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()).unwrap();
+                WalFile::open_with(dir.path(), 0, None, Damage::Refuse, &mut Vec::new()).unwrap();
             wal.append(2, &entry(2)).unwrap();
             wal.sync().unwrap();
         }
@@ -606,7 +741,7 @@ mod tests {
         bytes[last] ^= 0xFF;
         std::fs::write(segment_path(dir.path(), 1), bytes).unwrap();
         assert!(matches!(
-            WalFile::open_with(dir.path(), 0, false, Damage::Refuse, &mut Vec::new()),
+            WalFile::open_with(dir.path(), 0, None, Damage::Refuse, &mut Vec::new()),
             Err(StoreError::Corrupt { .. })
         ));
     }
@@ -616,7 +751,7 @@ mod tests {
     }
 
     fn reopen(dir: &Path) -> Result<(WalFile, Vec<(u64, Entry)>), StoreError> {
-        WalFile::open_with(dir, 0, false, Damage::Refuse, &mut Vec::new())
+        WalFile::open_with(dir, 0, None, Damage::Refuse, &mut Vec::new())
     }
 
     #[test]
