@@ -161,6 +161,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks/{id}/heartbeat", post(reports::heartbeat))
         .route("/v1/tasks/{id}/complete", post(reports::complete))
         .route("/v1/tasks/{id}/fail", post(reports::fail))
+        .route("/v1/tasks/{id}/stopped", post(reports::stopped))
         .route("/v1/reports", post(reports::batch))
         .route("/v1/workers", get(workers::list))
         .route("/v1/workers/{id}/heartbeat", post(workers::heartbeat))

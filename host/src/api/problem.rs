@@ -52,6 +52,8 @@ pub enum ApiError {
     InvalidTransition(String),
     #[error("{reason}")]
     StaleLease { task_id: TaskId, reason: String },
+    #[error("{detail}")]
+    AttemptCancelled { task_id: TaskId, detail: String },
     #[error("no worker `{0}`: send a heartbeat first")]
     WorkerNotFound(String),
     #[error("the scheduler is at capacity; retry shortly")]
@@ -163,6 +165,11 @@ impl ApiError {
                 "Invalid transition",
             ),
             StaleLease { .. } => (StatusCode::CONFLICT, "stale-lease", "Stale lease"),
+            AttemptCancelled { .. } => (
+                StatusCode::CONFLICT,
+                "attempt-cancelled",
+                "Attempt cancelled",
+            ),
             WorkerNotFound(_) => (
                 StatusCode::NOT_FOUND,
                 "worker-not-found",
@@ -224,6 +231,7 @@ impl ApiError {
             ApiError::TaskNotFound(id) => Some(*id),
             ApiError::KeyConflict { task_id, .. } => Some(*task_id),
             ApiError::StaleLease { task_id, .. } => Some(*task_id),
+            ApiError::AttemptCancelled { task_id, .. } => Some(*task_id),
             _ => None,
         };
         Problem {
@@ -280,6 +288,10 @@ impl From<StepError> for ApiError {
             StepError::StaleLease {
                 task_id, reason, ..
             } => ApiError::StaleLease { task_id, reason },
+            cancelled @ StepError::AttemptCancelled { task_id, .. } => ApiError::AttemptCancelled {
+                task_id,
+                detail: cancelled.to_string(),
+            },
             StepError::UnknownWorker(worker) => ApiError::WorkerNotFound(worker),
             StepError::TooManyWorkers(_) => ApiError::Overloaded,
             StepError::SplitRefused(reason) => ApiError::SplitRefused(reason),

@@ -1,5 +1,6 @@
-//! Workers' reports on their attempts: start, lease heartbeat, complete, fail. Each carries
-//! the lease token the claim gave; a stale token is refused with 409 and logged.
+//! Workers' reports on their attempts: start, lease heartbeat, complete, fail, and stopped (the
+//! answer to `attempt-cancelled`). Each carries the lease token the claim gave; a stale token is
+//! refused with 409 and logged.
 
 use super::AppState;
 use super::batch::{BatchItem, BatchResponse};
@@ -59,6 +60,15 @@ pub async fn heartbeat(
     raw: Body,
 ) -> Result<Json<Task>, ApiError> {
     token_report(&state, id, &headers, raw, Report::Heartbeat).await
+}
+
+pub async fn stopped(
+    Shared(state): Shared<AppState>,
+    TaskIdPath(id): TaskIdPath,
+    headers: HeaderMap,
+    raw: Body,
+) -> Result<Json<Task>, ApiError> {
+    token_report(&state, id, &headers, raw, Report::Stopped).await
 }
 
 /// A report whose body is only the lease token.
@@ -170,6 +180,10 @@ enum BatchItemRequest {
         task: TaskId,
         lease_token: String,
     },
+    Stopped {
+        task: TaskId,
+        lease_token: String,
+    },
     Complete {
         task: TaskId,
         lease_token: String,
@@ -192,6 +206,7 @@ impl BatchItemRequest {
             BatchItemRequest::Heartbeat { task, lease_token } => {
                 (task, lease_token, Report::Heartbeat)
             }
+            BatchItemRequest::Stopped { task, lease_token } => (task, lease_token, Report::Stopped),
             BatchItemRequest::Complete {
                 task,
                 lease_token,

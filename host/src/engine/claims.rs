@@ -143,6 +143,8 @@ impl Engine {
             started_at_ms: None,
             gpu,
             refusal_logged: false,
+            ended_at_ms: None,
+            stopped_at_ms: None,
         };
         let detail = format!("attempt {attempt} leased to worker {worker}");
         self.plan_with(

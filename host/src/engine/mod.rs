@@ -386,6 +386,14 @@ impl Engine {
         }
         after.state = from;
         after.event_seqs.extend(events.iter().map(|e| e.seq));
+        // Ended while a worker holds it (cancelled, or past its deadline): the worker is still
+        // computing until it hears of it, so its place stays held (see `Lease::ended_at_ms`).
+        let leased = matches!(task.state, State::Claimed | State::Running);
+        if leased && matches!(after.state, State::Cancelled | State::TimedOut) {
+            if let Some(lease) = &mut after.lease {
+                lease.ended_at_ms = Some(now_ms);
+            }
+        }
         if after.state.is_terminal() && after.callback_url.is_some() && after.callback.is_none() {
             after.callback = Some(crate::model::Callback {
                 attempts: 0,
@@ -469,7 +477,7 @@ impl Engine {
             self.queues.remove(task.id);
         }
         if let Some(lease) = &task.lease {
-            if leased(Some(task.state)) {
+            if leased(Some(task.state)) || lease.holds_place_after_end() {
                 let share = lease.gpu.map(|gpu| workers::GpuShare {
                     gpu,
                     memory_mb: task.resources.gpu_memory_mb,
@@ -480,7 +488,7 @@ impl Engine {
                     worker.claims_served += 1;
                     worker.breaker.probing(task.id);
                 }
-            } else if leased(previous) {
+            } else if leased(previous) || lease.stopped_at_ms.is_some() {
                 self.workers.release(&lease.worker, task.id);
             }
         }

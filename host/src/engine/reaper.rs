@@ -16,6 +16,9 @@ pub enum Due {
     Callback,
     /// A split parent's merge deadline has passed: merge what its children answered.
     Merge,
+    /// The task ended under a lease whose worker never said it stopped, and the lease has run
+    /// out: its place is free.
+    PlaceFreed,
 }
 
 impl Engine {
@@ -51,6 +54,13 @@ impl Engine {
                 (State::Split, _, _) if super::family::ready_to_merge(task, now_ms) => {
                     Some(Due::Merge)
                 }
+                (state, Some(lease), _)
+                    if state.is_terminal()
+                        && lease.holds_place_after_end()
+                        && lease.expires_at_ms <= now_ms =>
+                {
+                    Some(Due::PlaceFreed)
+                }
                 (state, _, _)
                     if state.is_terminal()
                         && task.callback_pending()
@@ -68,6 +78,33 @@ impl Engine {
             self.timers.set(task.id, timers::due_at(task));
         }
         action
+    }
+
+    /// Frees the place a lease held after its task ended: the worker said it stopped, or
+    /// (`by_worker` false) the lease ran out first. One event on the timeline, either way.
+    pub fn plan_place_freed(&self, now_ms: u64, task: &Task, by_worker: bool) -> Change {
+        let (actor, detail) = match &task.lease {
+            Some(lease) if by_worker => (
+                Actor::worker(&lease.worker),
+                format!(
+                    "attempt {} stopped on worker {}",
+                    lease.attempt, lease.worker
+                ),
+            ),
+            Some(lease) => (
+                Actor::scheduler(),
+                format!(
+                    "the lease of attempt {} ran out before worker {} said it stopped",
+                    lease.attempt, lease.worker
+                ),
+            ),
+            None => (Actor::scheduler(), "no lease".to_owned()),
+        };
+        self.plan_note(now_ms, task, actor, detail, |after| {
+            if let Some(lease) = &mut after.lease {
+                lease.stopped_at_ms = Some(now_ms);
+            }
+        })
     }
 
     /// RetryWait → Queued, in the bucket it waited in before, behind nobody it was ahead of

@@ -17,6 +17,8 @@ pub enum Report {
         class: FailureClass,
         message: String,
     },
+    /// The worker stopped the attempt after being told its task ended (`attempt-cancelled`).
+    Stopped,
 }
 
 impl Report {
@@ -26,6 +28,7 @@ impl Report {
             Report::Heartbeat => "heartbeat",
             Report::Complete { .. } => "complete",
             Report::Fail { .. } => "fail",
+            Report::Stopped => "stopped",
         }
     }
 }
@@ -48,6 +51,12 @@ pub enum Verdict {
     },
     /// The token never held this task's lease: refuse, and write nothing.
     Unknown,
+    /// The task ended (cancelled, past its deadline) while this attempt ran, and the worker
+    /// does not know yet: tell it to stop, and change nothing.
+    Ended { state: State },
+    /// The worker's attempt is over after its task ended (it says `stopped`, or reports the
+    /// end it came to anyway): free its place.
+    StoppedAfterEnd { state: State },
 }
 
 /// Judges `report` carrying `token` against `task` at `now_ms`.
@@ -80,11 +89,28 @@ pub fn judge_report(now_ms: u64, task: &Task, token: &str, report: &Report) -> V
         attempt: lease.attempt,
         log: !lease.refusal_logged,
     };
+    if lease.holds_place_after_end() {
+        return match report {
+            Report::Start | Report::Heartbeat => Verdict::Ended { state: task.state },
+            Report::Complete { .. } | Report::Fail { .. } | Report::Stopped => {
+                Verdict::StoppedAfterEnd { state: task.state }
+            }
+        };
+    }
     let leased = matches!(task.state, State::Claimed | State::Running);
     if leased && now_ms >= lease.expires_at_ms {
         return stale("the lease has expired".into());
     }
     match (task.state, report) {
+        // Said again after the place was freed, or by a worker whose lease ran out first.
+        (_, Report::Stopped) if lease.ended_at_ms.is_some() => Verdict::Replay,
+        // Only an attempt told to stop may say it stopped; a running one ends by its outcome.
+        (State::Claimed | State::Running, Report::Stopped) => Verdict::Stale {
+            reason: "`stopped` answers `attempt-cancelled`; this attempt was not cancelled".into(),
+            worker: lease.worker.clone(),
+            attempt: lease.attempt,
+            log: false,
+        },
         (State::Claimed, _) => Verdict::Fresh,
         (State::Running, Report::Start) => Verdict::Replay,
         (State::Running, _) => Verdict::Fresh,

@@ -116,6 +116,8 @@ fn recovery_rebuilds_queues_leases_and_numbering_from_the_live_tasks() {
         started_at_ms: None,
         gpu: None,
         refusal_logged: false,
+        ended_at_ms: None,
+        stopped_at_ms: None,
     });
     let recovery = Recovery {
         last_event_seq: 41,

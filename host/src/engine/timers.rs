@@ -21,15 +21,31 @@ pub fn due_at(task: &Task) -> Option<u64> {
             .map(|lease| lease.expires_at_ms.min(lease.attempt_ends_at_ms)),
         State::RetryWait => task.not_before_ms,
         State::Split => task.family.as_ref().and_then(|f| f.merge_at_ms),
-        _ if task.callback_pending() => task.callback.as_ref().map(|c| c.next_at_ms),
-        _ => None,
+        _ => {
+            // A place held after the task ended is freed when the lease runs out.
+            let held = task
+                .lease
+                .as_ref()
+                .filter(|lease| lease.holds_place_after_end())
+                .map(|lease| lease.expires_at_ms);
+            let callback = task
+                .callback
+                .as_ref()
+                .filter(|_| task.callback_pending())
+                .map(|c| c.next_at_ms);
+            earliest(held, callback)
+        }
     };
     let deadline = if task.state.check(State::TimedOut).is_ok() {
         task.deadline_at_ms
     } else {
         None
     };
-    match (own, deadline) {
+    earliest(own, deadline)
+}
+
+fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }

@@ -146,6 +146,22 @@ pub struct Lease {
     /// Whether a refused report carrying this token has been logged: one event per attempt.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refusal_logged: bool,
+    /// When the task ended (cancelled, or past its deadline) while this attempt held it. The
+    /// worker learns it at its next report (`attempt-cancelled`), and its place (the GPU) stays
+    /// counted as busy until `stopped_at_ms`: nothing is placed on a GPU still computing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at_ms: Option<u64>,
+    /// When the worker said the attempt had stopped after `ended_at_ms`, or the lease ran out
+    /// without it saying so (then this is at or after `expires_at_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at_ms: Option<u64>,
+}
+
+impl Lease {
+    /// The task ended under this lease and its worker has not yet stopped the attempt.
+    pub fn holds_place_after_end(&self) -> bool {
+        self.ended_at_ms.is_some() && self.stopped_at_ms.is_none()
+    }
 }
 
 /// Delivery of a completion callback: at least once, retried with backoff up to a bound.

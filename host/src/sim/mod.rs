@@ -212,4 +212,6 @@ fn unexpected(reply: Reply) -> StepError {
 }
 
 #[cfg(test)]
+mod cancel_tests;
+#[cfg(test)]
 mod tests;

@@ -14,11 +14,11 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-fn options() -> EngineOptions {
+pub(super) fn options() -> EngineOptions {
     EngineOptions::default()
 }
 
-fn submit(world: &mut Driver, priority: Priority, extra: serde_json::Value) -> TaskId {
+pub(super) fn submit(world: &mut Driver, priority: Priority, extra: serde_json::Value) -> TaskId {
     let mut spec = json!({"kind": "oct.scan", "priority": priority});
     if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
         spec.extend(extra.clone());
@@ -30,7 +30,7 @@ fn submit(world: &mut Driver, priority: Priority, extra: serde_json::Value) -> T
     world.submit(submission).unwrap().task.id
 }
 
-fn heartbeat(world: &mut Driver, worker: &str, gpus: usize, max_concurrency: u32) {
+pub(super) fn heartbeat(world: &mut Driver, worker: &str, gpus: usize, max_concurrency: u32) {
     let heartbeat = Heartbeat {
         gpus: (0..gpus)
             .map(|_| Gpu {
@@ -46,7 +46,7 @@ fn heartbeat(world: &mut Driver, worker: &str, gpus: usize, max_concurrency: u32
 }
 
 /// The leases a claim got.
-fn claim(world: &mut Driver, worker: &str, max: usize) -> Vec<Task> {
+pub(super) fn claim(world: &mut Driver, worker: &str, max: usize) -> Vec<Task> {
     world.claim(worker, max).unwrap().leases
 }
 
@@ -56,13 +56,13 @@ fn refused(world: &mut Driver, worker: &str) -> Option<NoClaim> {
 }
 
 /// Reports through the step, and says how the report stood against the task before it.
-fn report(world: &mut Driver, id: TaskId, token: &str, report: Report) -> Verdict {
+pub(super) fn report(world: &mut Driver, id: TaskId, token: &str, report: Report) -> Verdict {
     let verdict = judge_report(world.now_ms(), &record(world, id), token, &report);
     let _ = world.report(id, token, report);
     verdict
 }
 
-fn record(world: &Driver, id: TaskId) -> Task {
+pub(super) fn record(world: &Driver, id: TaskId) -> Task {
     world.task(id).cloned().unwrap()
 }
 
@@ -727,6 +727,10 @@ fn a_cancelled_probe_frees_the_half_open_breaker_and_the_worker_table_is_bounded
     heartbeat(&mut world, "sick", 0, 1);
     let probe = claim(&mut world, "sick", 1).remove(0);
     world.cancel(probe.id, Actor::api()).unwrap();
+    // Its one place is held until it says it stopped.
+    assert!(claim(&mut world, "sick", 1).is_empty());
+    let token = probe.lease.as_ref().unwrap().token.clone();
+    world.report(probe.id, &token, Report::Stopped).unwrap();
     assert_eq!(
         claim(&mut world, "sick", 1).len(),
         1,

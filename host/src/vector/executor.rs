@@ -4,7 +4,7 @@
 
 use super::ShardIndex;
 use crate::model::{FailureClass, ShardQuery};
-use crate::worker::{Executor, LeaseGrant, Outcome};
+use crate::worker::{Cancel, Executor, LeaseGrant, Outcome};
 use std::sync::Arc;
 
 pub struct VectorExecutor {
@@ -14,7 +14,9 @@ pub struct VectorExecutor {
 }
 
 impl Executor for VectorExecutor {
-    async fn execute(&self, grant: &LeaseGrant) -> Outcome {
+    /// A shard search takes milliseconds: it runs to its end even when cancelled, and the
+    /// worker then reports `stopped`.
+    async fn execute(&self, grant: &LeaseGrant, _cancel: Cancel) -> Outcome {
         let invalid = |message: String| Outcome::Fail {
             class: FailureClass::InvalidInput,
             message,

@@ -25,9 +25,35 @@ pub enum Outcome {
     },
 }
 
-/// Runs one leased task. The worker keeps the lease alive while the future runs.
+/// Runs one leased task. The worker keeps the lease alive while the future runs. When the
+/// server ends the task meanwhile (a cancel, its deadline), `cancel` fires: the executor should
+/// stop its work and return soon (what it returns is then not reported). The server keeps the
+/// attempt's GPU counted as busy until it does, or until the lease runs out.
 pub trait Executor: Send + Sync + 'static {
-    fn execute(&self, grant: &LeaseGrant) -> impl Future<Output = Outcome> + Send;
+    fn execute(&self, grant: &LeaseGrant, cancel: Cancel) -> impl Future<Output = Outcome> + Send;
+}
+
+/// The signal that the server has ended the task an attempt runs for.
+#[derive(Clone, Debug)]
+pub struct Cancel(tokio::sync::watch::Receiver<bool>);
+
+impl Cancel {
+    /// A signal and the sender that fires it.
+    pub fn new() -> (tokio::sync::watch::Sender<bool>, Cancel) {
+        let (sender, receiver) = tokio::sync::watch::channel(false);
+        (sender, Cancel(receiver))
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once the signal fires; never, if its sender goes without firing it.
+    pub async fn cancelled(&mut self) {
+        if self.0.wait_for(|cancelled| *cancelled).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -58,6 +84,8 @@ pub struct WorkerStats {
     pub failed: AtomicU64,
     /// Reports the server refused as stale: the lease had passed to another attempt.
     pub refused: AtomicU64,
+    /// Attempts stopped because the server ended their task (cancelled, past its deadline).
+    pub cancelled: AtomicU64,
     pub errors: AtomicU64,
 }
 
@@ -65,11 +93,12 @@ impl WorkerStats {
     pub fn line(&self) -> String {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         format!(
-            "claimed {} completed {} failed {} refused {} errors {}",
+            "claimed {} completed {} failed {} refused {} cancelled {} errors {}",
             get(&self.claimed),
             get(&self.completed),
             get(&self.failed),
             get(&self.refused),
+            get(&self.cancelled),
             get(&self.errors)
         )
     }

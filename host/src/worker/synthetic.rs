@@ -1,7 +1,7 @@
 //! The synthetic executor of `sluice worker`: it takes `exec_ms` per task and fails a share of
 //! them with a chosen class, for tests and demos.
 
-use super::{Executor, LeaseGrant, Outcome};
+use super::{Cancel, Executor, LeaseGrant, Outcome};
 use crate::model::FailureClass;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -41,8 +41,16 @@ impl Synthetic {
 }
 
 impl Executor for Synthetic {
-    async fn execute(&self, grant: &LeaseGrant) -> Outcome {
-        tokio::time::sleep(Duration::from_millis(self.exec_ms)).await;
+    async fn execute(&self, grant: &LeaseGrant, mut cancel: Cancel) -> Outcome {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(self.exec_ms)) => {}
+            _ = cancel.cancelled() => {
+                return Outcome::Fail {
+                    class: FailureClass::Transient,
+                    message: "stopped: the task was cancelled".into(),
+                };
+            }
+        }
         if self.fails() {
             return Outcome::Fail {
                 class: self.fail_class,

@@ -96,6 +96,16 @@ impl Stepper<'_> {
                     logged: log,
                 })
             }
+            Verdict::Ended { state } => Err(StepError::AttemptCancelled { task_id: id, state }),
+            Verdict::StoppedAfterEnd { state } => {
+                let change = self.engine.plan_place_freed(now_ms, &task, true);
+                let task = self.plan(change);
+                match report {
+                    Report::Stopped => Ok(task),
+                    // The outcome came too late to count: the task stays as it ended.
+                    _ => Err(StepError::AttemptCancelled { task_id: id, state }),
+                }
+            }
             Verdict::Fresh => match report {
                 Report::Start => {
                     let change = self.engine.plan_start(now_ms, &task).map_err(illegal)?;
@@ -121,6 +131,8 @@ impl Stepper<'_> {
                         .map_or_else(Actor::scheduler, |l| Actor::worker(&l.worker));
                     self.fail(now_ms, &task, class, message, actor)
                 }
+                // `judge_report` calls a `stopped` of a live attempt stale.
+                Report::Stopped => Err(StepError::Internal("a stopped report judged fresh".into())),
             },
         }
     }
@@ -253,6 +265,10 @@ impl Stepper<'_> {
             // No room at the deliverer: the callback stays due, for a later tick.
             Some(Due::Callback) => {}
             Some(Due::Merge) => self.merge_family(&task)?,
+            Some(Due::PlaceFreed) => {
+                let change = self.engine.plan_place_freed(now_ms, &task, false);
+                self.plan(change);
+            }
             Some(Due::Failed(class)) => {
                 let message = match class {
                     FailureClass::Timeout => "the attempt ran past its timeout",
@@ -340,6 +356,7 @@ fn report_span(id: TaskId, report: &Report) -> tracing::Span {
         Report::Fail { class, .. } => {
             tracing::debug_span!(target: TASK_SPANS, "fail", task_id = %id, class = class.as_str())
         }
+        Report::Stopped => tracing::debug_span!(target: TASK_SPANS, "stopped", task_id = %id),
         Report::Heartbeat => tracing::Span::none(),
     }
 }

@@ -109,6 +109,11 @@ pub enum StepError {
         reason: String,
         logged: bool,
     },
+    /// The task ended while this attempt ran: the worker must stop it and report `stopped`.
+    #[error(
+        "task {task_id} is {state}: stop the attempt and report `stopped`; its outcome is not kept"
+    )]
+    AttemptCancelled { task_id: TaskId, state: State },
     #[error("no worker {0}: it has never sent a heartbeat, or was forgotten")]
     UnknownWorker(String),
     #[error(transparent)]
