@@ -33,6 +33,8 @@ pub struct ServeConfig {
     pub max_result_bytes: usize,
     /// Hosts, addresses and CIDRs a `callback_url` may name although private or loopback.
     pub callback_allow: Vec<String>,
+    /// A PEM file of CA certificates https callbacks may be signed by, beside the system's.
+    pub callback_ca_file: Option<PathBuf>,
     pub max_batch_body_bytes: usize,
     /// Request bodies held in memory at once; past it, requests are refused as overloaded.
     pub inflight_body_bytes: usize,
@@ -74,6 +76,7 @@ impl Default for ServeConfig {
             max_payload_bytes: 1024 * 1024,
             max_result_bytes: 1024 * 1024,
             callback_allow: Vec::new(),
+            callback_ca_file: None,
             max_batch_body_bytes: 16 * 1024 * 1024,
             inflight_body_bytes: 256 * 1024 * 1024,
             queue_capacity: 4096,
@@ -106,6 +109,7 @@ pub struct FileConfig {
     pub max_payload_bytes: Option<usize>,
     pub max_result_bytes: Option<usize>,
     pub callback_allow: Option<Vec<String>>,
+    pub callback_ca_file: Option<PathBuf>,
     pub max_batch_body_bytes: Option<usize>,
     pub inflight_body_bytes: Option<usize>,
     pub queue_capacity: Option<usize>,
@@ -154,6 +158,7 @@ pub struct Overrides {
     pub lease_ms: Option<u64>,
     pub drain_timeout_ms: Option<u64>,
     pub min_free_disk_bytes: Option<u64>,
+    pub callback_ca_file: Option<PathBuf>,
     /// Replaces the file's `callback_allow` when given.
     pub callback_allow: Option<Vec<String>>,
     /// `kind.name=value` settings of policies; each overrides the same setting in the file.
@@ -201,6 +206,7 @@ impl ServeConfig {
                 .callback_allow
                 .or(file.callback_allow)
                 .unwrap_or(defaults.callback_allow),
+            callback_ca_file: overrides.callback_ca_file.or(file.callback_ca_file),
             max_batch_body_bytes: file
                 .max_batch_body_bytes
                 .unwrap_or(defaults.max_batch_body_bytes),

@@ -37,6 +37,19 @@ pub enum ServerError {
     Config(String),
 }
 
+/// The CA certificates of a PEM file, for https callbacks.
+fn callback_roots(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, ServerError> {
+    let invalid = |reason: String| {
+        ServerError::Config(format!("callback_ca_file {}: {reason}", path.display()))
+    };
+    let pem = std::fs::read(path).map_err(|e| invalid(e.to_string()))?;
+    let roots = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| invalid(e.to_string()))?;
+    if roots.is_empty() {
+        return Err(invalid("no PEM certificate in it".into()));
+    }
+    Ok(roots)
+}
+
 pub struct Server {
     state: AppState,
     drain_timeout: Duration,
@@ -74,6 +87,10 @@ impl Server {
         )?);
         let callback_allow = crate::model::CallbackAllow::parse(&config.callback_allow)
             .map_err(|reason| ServerError::Config(format!("callback_allow: {reason}")))?;
+        let callback_roots = match &config.callback_ca_file {
+            Some(path) => callback_roots(path)?,
+            None => Vec::new(),
+        };
         let scheduler = Scheduler::start(
             store,
             Box::new(SystemClock),
@@ -89,6 +106,7 @@ impl Server {
                 },
                 sync_claims: config.sync_claims,
                 callback_allow: callback_allow.clone(),
+                callback_roots,
                 metrics: metrics.tasks.clone(),
                 pipeline_metrics: metrics.pipeline.clone(),
                 ..SchedulerOptions::default()

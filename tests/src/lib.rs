@@ -2,6 +2,9 @@
 //! temporary data directory, and stops it with SIGTERM or SIGKILL.
 
 pub mod disk;
+mod receiver;
+
+pub use receiver::callback_receiver;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

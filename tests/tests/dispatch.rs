@@ -264,53 +264,12 @@ async fn bad_reports_and_claims_are_refused_with_problems() {
     assert_problem(&reset_unknown, 404, "worker-not-found");
 }
 
-/// A one-route HTTP receiver: answers each request with the next status of `statuses` (the
-/// last one repeats) and sends each body it got down the channel.
-async fn receiver(statuses: Vec<u16>) -> (String, tokio::sync::mpsc::UnboundedReceiver<Value>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/done", listener.local_addr().unwrap());
-    let (bodies, inbox) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        for n in 0.. {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            let mut request = Vec::new();
-            let mut chunk = [0u8; 4096];
-            let body_start = loop {
-                let read = stream.read(&mut chunk).await.unwrap();
-                assert!(read > 0, "the request ended early");
-                request.extend_from_slice(&chunk[..read]);
-                if let Some(at) = request.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break at + 4;
-                }
-            };
-            let head = String::from_utf8_lossy(&request[..body_start]).to_ascii_lowercase();
-            let length: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map(|v| v.trim().parse().unwrap())
-                .unwrap_or(0);
-            while request.len() < body_start + length {
-                let read = stream.read(&mut chunk).await.unwrap();
-                request.extend_from_slice(&chunk[..read]);
-            }
-            let body = serde_json::from_slice(&request[body_start..body_start + length]).unwrap();
-            let status = statuses[n.min(statuses.len() - 1)];
-            let reply =
-                format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-            stream.write_all(reply.as_bytes()).await.unwrap();
-            let _ = bodies.send(body);
-        }
-    });
-    (url, inbox)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_callback_is_retried_until_delivered_and_each_attempt_is_an_event() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_with(dir.path(), &["--callback-allow", "127.0.0.1"]);
     let client = http();
-    let (url, mut bodies) = receiver(vec![500, 200]).await;
+    let (url, mut bodies) = callback_receiver(vec![500, 200], None).await;
     let submitted = post_json(
         &client,
         &server.endpoint("/v1/tasks"),

@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// comma-separated (e.g. 127.0.0.1,10.0.0.0/8,receiver.lab) [default: none]
     #[arg(long, env = "SLUICE_CALLBACK_ALLOW", value_delimiter = ',')]
     callback_allow: Option<Vec<String>>,
+    /// A PEM file of CA certificates an https callback's server may be signed by, beside the
+    /// system's roots [default: none]
+    #[arg(long, env = "SLUICE_CALLBACK_CA_FILE")]
+    callback_ca_file: Option<PathBuf>,
     /// A policy setting, kind.name=value (e.g. retry.initial_delay_ms=100); repeatable.
     /// Overrides the same setting in the file's [policies.<kind>] table.
     #[arg(long = "policy-config")]
@@ -62,6 +66,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         lease_ms: args.lease_ms,
         drain_timeout_ms: args.drain_timeout_ms,
         min_free_disk_bytes: args.min_free_disk_bytes,
+        callback_ca_file: args.callback_ca_file,
         callback_allow: args.callback_allow,
         policy_settings: args.policy_settings,
     };

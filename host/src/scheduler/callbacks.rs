@@ -1,36 +1,111 @@
 //! The callback deliverer: a thread of its own with a small async runtime that POSTs terminal
 //! tasks to their `callback_url`s, a bounded number at a time, and tells the writer how each
-//! attempt went. It never blocks the writer: jobs arrive through a bounded queue (a full queue
-//! defers the attempt to its retry time), and an answer that cannot be handed back is simply
-//! retried later, since delivery is at least once.
+//! attempt went. It never blocks the writer: jobs arrive through a queue bounded in jobs and in
+//! bytes (`Outbox`: the writer plans only what it has room for, and the rest stays due), and
+//! an answer that cannot be handed back is simply retried later, since delivery is at least
+//! once. Jobs are handed over only once the commit that marked them is synced, so a receiver is
+//! never told of an end that a crash could still undo.
 
 use super::{Answer, Command};
 use crate::engine::{CALLBACK_ATTEMPT_TIMEOUT_MS, CallbackJob as Job, CallbackOutcome, Input};
 use crate::model::CallbackAllow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 
 /// Deliveries in flight at once.
 const MAX_IN_FLIGHT: usize = 16;
-/// Jobs waiting for a slot at most.
+/// Jobs planned and not yet delivered (queued, or in flight), at most.
 pub(crate) const QUEUE_CAPACITY: usize = 1_024;
+/// Bytes of their bodies at most. A body carries its task's result (up to `max_result_bytes`),
+/// so the count alone would allow a gibibyte; a job larger than this still goes, alone.
+pub(crate) const QUEUE_BYTES: usize = 64 << 20;
 
-/// Starts the deliverer; it stops when every job sender is gone.
+/// The writer's end of the deliverer's queue: what it may still plan, and the hand-over.
+#[derive(Clone)]
+pub(crate) struct Outbox {
+    jobs: mpsc::Sender<Job>,
+    planned: Arc<Planned>,
+}
+
+/// Jobs planned and not yet delivered, and the bytes of their bodies.
+#[derive(Default)]
+struct Planned {
+    jobs: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl Planned {
+    fn release(&self, bytes: usize) {
+        self.jobs.fetch_sub(1, Ordering::AcqRel);
+        self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+impl Outbox {
+    /// How many more jobs, and bytes of bodies, a tick may plan now (any size when none is
+    /// waiting, so a body over the byte bound is not held back for ever).
+    pub(crate) fn room(&self) -> (usize, usize) {
+        let jobs = self.planned.jobs.load(Ordering::Acquire);
+        let bytes = self.planned.bytes.load(Ordering::Acquire);
+        let room_bytes = if jobs == 0 {
+            usize::MAX
+        } else {
+            QUEUE_BYTES.saturating_sub(bytes)
+        };
+        (QUEUE_CAPACITY.saturating_sub(jobs), room_bytes)
+    }
+
+    /// Counts a job the writer has planned, before its commit is synced.
+    pub(crate) fn plan(&self, job: &Job) {
+        self.planned.jobs.fetch_add(1, Ordering::AcqRel);
+        self.planned
+            .bytes
+            .fetch_add(job.body.len(), Ordering::AcqRel);
+    }
+
+    /// Hands a planned job over (its commit is synced), or lets it go when `deliver` is false
+    /// (the commit failed): the attempt is then retried once its timeout passes.
+    pub(crate) fn hand_over(&self, job: Job, deliver: bool) {
+        let bytes = job.body.len();
+        if !deliver {
+            self.planned.release(bytes);
+            return;
+        }
+        // Room was counted when it was planned: the queue holds every planned job.
+        if let Err(error) = self.jobs.try_send(job) {
+            tracing::warn!(%error, "the callback deliverer has stopped; the callback is retried later");
+            self.planned.release(bytes);
+        }
+    }
+}
+
+/// Starts the deliverer; it stops when every `Outbox` is gone.
 pub(crate) fn spawn(
     commands: mpsc::Sender<Command>,
     allow: CallbackAllow,
-) -> std::io::Result<mpsc::Sender<Job>> {
+    roots: &[reqwest::Certificate],
+) -> std::io::Result<Outbox> {
     let (jobs, mut inbox) = mpsc::channel::<Job>(QUEUE_CAPACITY);
+    let planned = Arc::new(Planned::default());
+    let outbox = Outbox {
+        jobs,
+        planned: planned.clone(),
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let http = reqwest::Client::builder()
+    // https over rustls, with the system's roots and any the configuration adds.
+    let mut http = reqwest::Client::builder()
+        .use_rustls_tls()
         .timeout(Duration::from_millis(CALLBACK_ATTEMPT_TIMEOUT_MS / 2))
         .redirect(reqwest::redirect::Policy::none())
-        .dns_resolver(Arc::new(CheckedResolver { allow }))
-        .build()
-        .map_err(std::io::Error::other)?;
+        .dns_resolver(Arc::new(CheckedResolver { allow }));
+    for root in roots {
+        http = http.add_root_certificate(root.clone());
+    }
+    let http = http.build().map_err(std::io::Error::other)?;
     std::thread::Builder::new()
         .name("sluice-callbacks".into())
         .spawn(move || {
@@ -42,8 +117,10 @@ pub(crate) fn spawn(
                     };
                     let http = http.clone();
                     let commands = commands.clone();
+                    let planned = planned.clone();
                     tokio::spawn(async move {
                         let outcome = deliver(&http, &job).await;
+                        planned.release(job.body.len());
                         // A full or closed queue loses only this answer: the attempt is
                         // retried once its timeout passes.
                         let _ = commands.try_send(Command::Step {
@@ -59,7 +136,7 @@ pub(crate) fn spawn(
                 }
             });
         })?;
-    Ok(jobs)
+    Ok(outbox)
 }
 
 async fn deliver(http: &reqwest::Client, job: &Job) -> CallbackOutcome {

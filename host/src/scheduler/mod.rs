@@ -68,6 +68,8 @@ pub struct SchedulerOptions {
     pub sync_claims: bool,
     /// Private destinations callbacks may reach all the same (see `model::CallbackAllow`).
     pub callback_allow: crate::model::CallbackAllow,
+    /// Certificates of CAs an https callback's server may be signed by, beside the system's.
+    pub callback_roots: Vec<reqwest::Certificate>,
     /// Where committed changes are counted.
     pub metrics: Arc<crate::telemetry::TaskMetrics>,
     /// Where each sync's time is recorded.
@@ -82,6 +84,7 @@ impl Default for SchedulerOptions {
             tick_ms: 100,
             sync_claims: false,
             callback_allow: crate::model::CallbackAllow::default(),
+            callback_roots: Vec::new(),
             metrics: Arc::default(),
             pipeline_metrics: Arc::default(),
         }
@@ -158,7 +161,11 @@ impl Scheduler {
         let (commands, inbox) = mpsc::channel(options.queue_capacity.max(1));
         let (flush_tx, flush_rx) = std::sync::mpsc::sync_channel(options.queue_capacity.max(1));
         let snapshot = Arc::new(ArcSwap::from_pointee(engine.snapshot()));
-        let callback_jobs = callbacks::spawn(commands.clone(), options.callback_allow.clone())?;
+        let callback_jobs = callbacks::spawn(
+            commands.clone(),
+            options.callback_allow.clone(),
+            &options.callback_roots,
+        )?;
         let work_queued = Arc::new(WorkSignal::default());
         let (durable_tx, durable_event_seq) = watch::channel(last_event_seq);
         let mut writer = writer::Writer::new(

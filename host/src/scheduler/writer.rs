@@ -70,6 +70,8 @@ pub(super) struct Group {
     deliveries: Vec<Delivery>,
     /// Answers sent once the group's commit is written, before a sync covers it.
     written: Vec<Delivery>,
+    /// Callbacks the group planned, handed to the deliverer once its commit is synced.
+    callbacks: Vec<crate::engine::CallbackJob>,
 }
 
 impl Group {
@@ -145,7 +147,7 @@ pub(crate) struct Writer {
     flusher: SyncSender<Delivery>,
     snapshot: Arc<ArcSwap<Snapshot>>,
     work_queued: Arc<super::WorkSignal>,
-    callback_jobs: mpsc::Sender<crate::engine::CallbackJob>,
+    callbacks: super::callbacks::Outbox,
     cache: super::task_cache::TaskCache,
     /// See `SchedulerOptions::sync_claims`.
     pub(super) sync_claims: bool,
@@ -171,7 +173,7 @@ impl Writer {
         flusher: SyncSender<Delivery>,
         snapshot: Arc<ArcSwap<Snapshot>>,
         work_queued: Arc<super::WorkSignal>,
-        callback_jobs: mpsc::Sender<crate::engine::CallbackJob>,
+        callbacks: super::callbacks::Outbox,
     ) -> Self {
         Writer {
             engine,
@@ -182,7 +184,7 @@ impl Writer {
             flusher,
             snapshot,
             work_queued,
-            callback_jobs,
+            callbacks,
             cache: super::task_cache::TaskCache::default(),
             sync_claims: false,
             metrics: Arc::default(),
@@ -337,8 +339,10 @@ impl Writer {
         let (input, answer) = match command {
             Command::Step { input, answer } => (input, answer),
             Command::Tick { reply } => {
+                let (callback_slots, callback_bytes) = self.callbacks.room();
                 let input = Input::Tick {
-                    callback_slots: self.callback_jobs.capacity(),
+                    callback_slots,
+                    callback_bytes,
                 };
                 (input, Answer::Done(reply))
             }
@@ -444,10 +448,8 @@ impl Writer {
         }
         group.change.merge(change);
         for job in callbacks {
-            // The step took no more than the queue had room for, and only this thread sends.
-            if let Err(error) = self.callback_jobs.try_send(job) {
-                tracing::error!(%error, "the callback deliverer refused a job; it is retried later");
-            }
+            self.callbacks.plan(&job);
+            group.callbacks.push(job);
         }
         reply
     }
@@ -479,7 +481,12 @@ impl Writer {
                     .clone()
                     .zip(group.change.events.last().map(|event| event.seq));
                 let work_queued = woken.then(|| self.work_queued.clone());
+                let callbacks = (self.callbacks.clone(), group.callbacks);
                 let all: Delivery = Box::new(move |synced| {
+                    let (outbox, jobs) = callbacks;
+                    for job in jobs {
+                        outbox.hand_over(job, synced.is_ok());
+                    }
                     if let (Some((sender, seq)), Ok(())) = (&durable, &synced) {
                         // Syncs run in commit order, so the number only grows.
                         sender.send_if_modified(|last| {
@@ -504,6 +511,9 @@ impl Writer {
             Err(error) => {
                 tracing::error!(%error, "commit failed; answering its requests with an error");
                 let error = Arc::new(error);
+                for job in group.callbacks {
+                    self.callbacks.hand_over(job, false);
+                }
                 for delivery in group.written.into_iter().chain(group.deliveries) {
                     delivery(Err(error.clone()));
                 }
@@ -548,6 +558,9 @@ impl Writer {
             self.store.commit(&group.change)?;
             self.store.sync()?;
             self.metrics.observe(&group.change);
+            for job in std::mem::take(&mut group.callbacks) {
+                self.callbacks.hand_over(job, true);
+            }
             if let (Some(sender), Some(last)) =
                 (&self.durable_event_seq, group.change.events.last())
             {

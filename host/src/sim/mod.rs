@@ -201,6 +201,7 @@ impl Driver {
         self.now_ms = self.now_ms.saturating_add(step_ms);
         self.step(Input::Tick {
             callback_slots: usize::MAX,
+            callback_bytes: usize::MAX,
         });
     }
 }
@@ -211,6 +212,8 @@ fn unexpected(reply: Reply) -> StepError {
     ))
 }
 
+#[cfg(test)]
+mod callback_room_tests;
 #[cfg(test)]
 mod cancel_tests;
 #[cfg(test)]

@@ -211,11 +211,15 @@ impl Stepper<'_> {
 
     /// Runs what is due, then ages the queues if their interval has passed. Attempts that
     /// failed by time (expired leases, timeouts) share one retry decision.
-    pub(super) fn tick(&mut self, mut callback_slots: usize) {
+    pub(super) fn tick(&mut self, callback_slots: usize, callback_bytes: usize) {
+        let mut room = CallbackRoom {
+            slots: callback_slots,
+            bytes: callback_bytes,
+        };
         let now_ms = self.now_ms;
         let mut failed = Vec::new();
         for id in self.engine.due(now_ms, DUE_PER_TICK) {
-            match self.run_due(now_ms, id, &mut callback_slots) {
+            match self.run_due(now_ms, id, &mut room) {
                 Ok(Some(failure)) => failed.push(failure),
                 Ok(None) => {}
                 Err(error) => tracing::error!(task_id = %id, %error, "could not run a due timer"),
@@ -241,7 +245,7 @@ impl Stepper<'_> {
         &mut self,
         now_ms: u64,
         id: TaskId,
-        callback_slots: &mut usize,
+        room: &mut CallbackRoom,
     ) -> Result<Option<(Task, FailureClass, String)>, StepError> {
         let task = self.task(id)?;
         let illegal = |source| StepError::Illegal {
@@ -259,8 +263,11 @@ impl Stepper<'_> {
                 let change = self.engine.plan_release(now_ms, &task).map_err(illegal)?;
                 self.plan(change);
             }
-            Some(Due::Callback) if *callback_slots > 0 && self.send_callback(now_ms, &task) => {
-                *callback_slots -= 1;
+            Some(Due::Callback) if room.slots > 0 => {
+                if let Some(bytes) = self.send_callback(now_ms, &task, room.bytes) {
+                    room.slots -= 1;
+                    room.bytes -= bytes;
+                }
             }
             // No room at the deliverer: the callback stays due, for a later tick.
             Some(Due::Callback) => {}
@@ -280,21 +287,22 @@ impl Stepper<'_> {
         Ok(None)
     }
 
-    /// Hands a due callback to the shell for delivery and marks it in flight; whether it did.
-    fn send_callback(&mut self, now_ms: u64, task: &Task) -> bool {
-        let Some(url) = task.callback_url.clone() else {
-            return false;
-        };
-        let Some((attempt, change)) = self.engine.plan_callback_attempt(now_ms, task) else {
-            return false;
-        };
+    /// Hands a due callback to the shell for delivery and marks it in flight, if its body fits
+    /// in `room_bytes`; answers the body's size when it did.
+    fn send_callback(&mut self, now_ms: u64, task: &Task, room_bytes: usize) -> Option<usize> {
+        let url = task.callback_url.clone()?;
         let body = match serde_json::to_vec(&task.clone().without_token()) {
             Ok(body) => body,
             Err(error) => {
                 tracing::error!(task_id = %task.id, %error, "cannot encode a callback");
-                return false;
+                return None;
             }
         };
+        if body.len() > room_bytes {
+            return None;
+        }
+        let (attempt, change) = self.engine.plan_callback_attempt(now_ms, task)?;
+        let bytes = body.len();
         self.callbacks.push(CallbackJob {
             id: task.id,
             attempt,
@@ -302,7 +310,7 @@ impl Stepper<'_> {
             body,
         });
         self.plan(change);
-        true
+        Some(bytes)
     }
 
     pub(super) fn callback_done(&mut self, id: TaskId, attempt: u32, outcome: &CallbackOutcome) {
@@ -343,6 +351,12 @@ impl Stepper<'_> {
             }
         }
     }
+}
+
+/// What the callback deliverer can take in one tick.
+struct CallbackRoom {
+    slots: usize,
+    bytes: usize,
 }
 
 /// The span of a worker's report, named for what it reports (span names are static).

@@ -57,10 +57,11 @@ pub enum Input {
     /// The worker table as it stands; changes nothing.
     Workers,
     /// Time has passed: run what is due, and age the queues once their interval has passed.
-    /// `callback_slots` is how many completion callbacks the shell can take for delivery now;
-    /// the rest stay due for a later tick.
+    /// `callback_slots` is how many completion callbacks the shell can take for delivery now,
+    /// and `callback_bytes` how many bytes of their bodies; the rest stay due for a later tick.
     Tick {
         callback_slots: usize,
+        callback_bytes: usize,
     },
     /// How a completion callback's delivery attempt went.
     CallbackDone {
@@ -257,8 +258,11 @@ impl Stepper<'_> {
                 Reply::Workers(self.reset_worker(&worker, actor))
             }
             Input::Workers => Reply::Workers(Ok(self.engine.workers(now_ms))),
-            Input::Tick { callback_slots } => {
-                self.tick(callback_slots);
+            Input::Tick {
+                callback_slots,
+                callback_bytes,
+            } => {
+                self.tick(callback_slots, callback_bytes);
                 Reply::Done
             }
             Input::CallbackDone {
