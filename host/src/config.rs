@@ -66,6 +66,9 @@ pub struct ServeConfig {
     pub max_claim_wait_ms: u64,
     /// Task kinds split on admission by the split policy and merged by the merge policy.
     pub split_kinds: Vec<String>,
+    /// Ended tasks (with their payloads, keys and events) are removed this long after their
+    /// last change.
+    pub retention_ms: u64,
 }
 
 impl Default for ServeConfig {
@@ -96,6 +99,7 @@ impl Default for ServeConfig {
             drain_timeout_ms: 90_000,
             max_claim_wait_ms: 30_000,
             split_kinds: vec!["vector.search".to_owned()],
+            retention_ms: crate::scheduler::DEFAULT_RETENTION_MS,
         }
     }
 }
@@ -128,6 +132,7 @@ pub struct FileConfig {
     pub drain_timeout_ms: Option<u64>,
     pub max_claim_wait_ms: Option<u64>,
     pub split_kinds: Option<Vec<String>>,
+    pub retention_ms: Option<u64>,
     /// `[policies.<kind>]` tables: each policy's settings, e.g.
     /// `[policies.retry] initial_delay_ms = 300000`.
     #[serde(default)]
@@ -159,6 +164,7 @@ pub struct Overrides {
     pub drain_timeout_ms: Option<u64>,
     pub min_free_disk_bytes: Option<u64>,
     pub callback_ca_file: Option<PathBuf>,
+    pub retention_ms: Option<u64>,
     /// Replaces the file's `callback_allow` when given.
     pub callback_allow: Option<Vec<String>>,
     /// `kind.name=value` settings of policies; each overrides the same setting in the file.
@@ -192,6 +198,10 @@ impl ServeConfig {
                 .unwrap_or(defaults.drain_timeout_ms),
             max_claim_wait_ms: file.max_claim_wait_ms.unwrap_or(defaults.max_claim_wait_ms),
             split_kinds: file.split_kinds.unwrap_or(defaults.split_kinds),
+            retention_ms: overrides
+                .retention_ms
+                .or(file.retention_ms)
+                .unwrap_or(defaults.retention_ms),
             data_dir: overrides
                 .data_dir
                 .or(file.data_dir)
@@ -239,6 +249,9 @@ impl ServeConfig {
             name,
             reason: reason.to_owned(),
         };
+        if self.retention_ms < 1_000 {
+            return Err(invalid("retention_ms", "must be at least 1000 (1 s)"));
+        }
         if !(1..=64 * 1024 * 1024).contains(&self.max_payload_bytes) {
             return Err(invalid("max_payload_bytes", "must be 1 B to 64 MiB"));
         }

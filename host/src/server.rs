@@ -107,6 +107,7 @@ impl Server {
                 sync_claims: config.sync_claims,
                 callback_allow: callback_allow.clone(),
                 callback_roots,
+                retention_ms: config.retention_ms,
                 metrics: metrics.tasks.clone(),
                 pipeline_metrics: metrics.pipeline.clone(),
                 ..SchedulerOptions::default()

@@ -34,6 +34,9 @@ pub struct LogPage {
     next_after: u64,
     /// The last durable `seq` when the page was read.
     durable_seq: u64,
+    /// The oldest `seq` the log still holds: retention removed those before it, and a reader
+    /// asking for them gets 410 `events-gone`.
+    first_seq: u64,
 }
 
 pub async fn follow(
@@ -60,11 +63,13 @@ pub async fn follow(
     let after = params.after.unwrap_or(0);
     let durable_seq = *state.scheduler.durable_event_seq().borrow();
     let events = state.scheduler.log(after, limit)?;
+    let first_seq = state.scheduler.first_event_seq()?;
     let next_after = events.last().map_or(after, |event| event.seq);
     Ok(Json(LogPage {
         events,
         next_after,
         durable_seq,
+        first_seq,
     })
     .into_response())
 }

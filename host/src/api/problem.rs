@@ -78,6 +78,8 @@ pub enum ApiError {
     StorageFailed(String),
     #[error("{0}")]
     InsufficientStorage(String),
+    #[error("events before {first_seq} were removed by retention; read on from after={}", first_seq - 1)]
+    EventsGone { first_seq: u64 },
 }
 
 /// The body of an error answer.
@@ -93,6 +95,9 @@ pub struct Problem {
     /// Which validation step refused a policy upload.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check: Option<Check>,
+    /// Where the event log starts now, for a reader behind it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_seq: Option<u64>,
 }
 
 impl ApiError {
@@ -218,6 +223,7 @@ impl ApiError {
                 "insufficient-storage",
                 "Insufficient storage",
             ),
+            EventsGone { .. } => (StatusCode::GONE, "events-gone", "Events gone"),
         }
     }
 
@@ -242,6 +248,10 @@ impl ApiError {
             task_id,
             check: match self {
                 ApiError::PolicyRefused { check, .. } => Some(*check),
+                _ => None,
+            },
+            first_seq: match self {
+                ApiError::EventsGone { first_seq } => Some(*first_seq),
                 _ => None,
             },
         }
@@ -274,6 +284,7 @@ impl From<SchedulerError> for ApiError {
         match error {
             SchedulerError::Overloaded => ApiError::Overloaded,
             SchedulerError::ShuttingDown => ApiError::Draining,
+            SchedulerError::EventsGone { first_seq } => ApiError::EventsGone { first_seq },
             SchedulerError::Step(step) => step.into(),
         }
     }

@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// comma-separated (e.g. 127.0.0.1,10.0.0.0/8,receiver.lab) [default: none]
     #[arg(long, env = "SLUICE_CALLBACK_ALLOW", value_delimiter = ',')]
     callback_allow: Option<Vec<String>>,
+    /// How long ended tasks are kept (with their payloads, keys and events), in ms, counted
+    /// from their last change [default: 2592000000, 30 days]
+    #[arg(long, env = "SLUICE_RETENTION_MS")]
+    retention_ms: Option<u64>,
     /// A PEM file of CA certificates an https callback's server may be signed by, beside the
     /// system's roots [default: none]
     #[arg(long, env = "SLUICE_CALLBACK_CA_FILE")]
@@ -67,6 +71,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         drain_timeout_ms: args.drain_timeout_ms,
         min_free_disk_bytes: args.min_free_disk_bytes,
         callback_ca_file: args.callback_ca_file,
+        retention_ms: args.retention_ms,
         callback_allow: args.callback_allow,
         policy_settings: args.policy_settings,
     };

@@ -214,6 +214,14 @@ impl Engine {
         self.tasks_by_state[usize::from(state.code())]
     }
 
+    /// Takes tasks that retention removed out of the counts.
+    pub fn forget(&mut self, tasks_by_state: &[u64; 12]) {
+        for (count, removed) in self.tasks_by_state.iter_mut().zip(tasks_by_state) {
+            debug_assert!(*count >= *removed, "retention removed more than there were");
+            *count = count.saturating_sub(*removed);
+        }
+    }
+
     /// The `seq` the next event will get: a number that only grows, for arrival order.
     pub fn next_event_seq(&self) -> u64 {
         self.next_event_seq

@@ -12,6 +12,7 @@
 mod callbacks;
 mod clock;
 mod flusher;
+mod retention;
 mod task_cache;
 mod work_signal;
 mod writer;
@@ -36,6 +37,9 @@ pub enum SchedulerError {
     Overloaded,
     #[error("the scheduler is shutting down")]
     ShuttingDown,
+    /// The events asked for were removed by retention; the log now starts at `first_seq`.
+    #[error("events before {first_seq} were removed by retention; read on from after={}", first_seq - 1)]
+    EventsGone { first_seq: u64 },
     /// The engine refused the request, or could not finish it.
     #[error(transparent)]
     Step(#[from] StepError),
@@ -70,11 +74,16 @@ pub struct SchedulerOptions {
     pub callback_allow: crate::model::CallbackAllow,
     /// Certificates of CAs an https callback's server may be signed by, beside the system's.
     pub callback_roots: Vec<reqwest::Certificate>,
+    /// Ended tasks are removed this long after their last change (by the wall clock).
+    pub retention_ms: u64,
     /// Where committed changes are counted.
     pub metrics: Arc<crate::telemetry::TaskMetrics>,
     /// Where each sync's time is recorded.
     pub pipeline_metrics: Arc<crate::telemetry::PipelineMetrics>,
 }
+
+/// 30 days.
+pub const DEFAULT_RETENTION_MS: u64 = 30 * 24 * 3_600_000;
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
@@ -85,6 +94,7 @@ impl Default for SchedulerOptions {
             sync_claims: false,
             callback_allow: crate::model::CallbackAllow::default(),
             callback_roots: Vec::new(),
+            retention_ms: DEFAULT_RETENTION_MS,
             metrics: Arc::default(),
             pipeline_metrics: Arc::default(),
         }
@@ -207,6 +217,15 @@ impl Scheduler {
                     }
                 }
             })?;
+        let retention = {
+            let (store, commands) = (store.clone(), commands.clone());
+            let retention_ms = options.retention_ms;
+            std::thread::Builder::new()
+                .name("sluice-retention".into())
+                .spawn(move || {
+                    retention::run(store, Box::new(SystemClock), retention_ms, commands)
+                })?
+        };
         Ok(Scheduler {
             commands,
             store,
@@ -214,7 +233,7 @@ impl Scheduler {
             work_queued,
             durable_event_seq,
             storage_failed,
-            threads: Mutex::new(vec![writer, flusher, ticker]),
+            threads: Mutex::new(vec![writer, flusher, ticker, retention]),
         })
     }
 
@@ -338,6 +357,11 @@ impl Scheduler {
 
     /// The global event log after `after_seq`, oldest first, at most `limit`, never past what
     /// is durable.
+    /// The oldest event the log still holds (see `Store::first_event_seq`).
+    pub fn first_event_seq(&self) -> Result<u64, SchedulerError> {
+        Ok(self.store.first_event_seq()?)
+    }
+
     pub fn log(
         &self,
         after_seq: u64,
@@ -346,6 +370,10 @@ impl Scheduler {
         let durable = *self.durable_event_seq.borrow();
         if after_seq >= durable {
             return Ok(Vec::new());
+        }
+        let first_seq = self.first_event_seq()?;
+        if after_seq.saturating_add(1) < first_seq {
+            return Err(SchedulerError::EventsGone { first_seq });
         }
         let limit = limit.min(usize::try_from(durable - after_seq).unwrap_or(usize::MAX));
         Ok(self.store.events_after(after_seq, limit)?)

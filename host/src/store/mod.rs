@@ -59,6 +59,19 @@ impl StoreError {
     }
 }
 
+/// What one pass of retention removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Compacted {
+    /// Ended tasks removed (with their payloads and idempotency keys), by state code.
+    pub tasks_by_state: [u64; 12],
+    pub tasks: usize,
+    /// Blocks of the event log removed, and worker log entries.
+    pub event_blocks: usize,
+    pub worker_events: usize,
+    /// Whether the pass stopped at its bound with more to remove.
+    pub more: bool,
+}
+
 /// A page request over tasks, in id order (so, arrival order).
 #[derive(Clone, Debug)]
 pub struct ListQuery {
@@ -103,6 +116,19 @@ pub trait Store: Send + Sync + 'static {
     /// The worker log after `after_seq`, oldest first, at most `limit`.
     fn worker_events(&self, after_seq: u64, limit: usize) -> Result<Vec<WorkerEvent>, StoreError>;
     fn recover(&self) -> Result<Recovery, StoreError>;
+    /// The `seq` of the oldest event the log still holds (1 when nothing was ever removed):
+    /// events before it were removed by retention.
+    fn first_event_seq(&self) -> Result<u64, StoreError> {
+        Ok(1)
+    }
+    /// Retention: removes up to `max_tasks` ended tasks last changed before `cutoff_ms` (with
+    /// their payloads and keys, but never one whose callback is still due or whose worker has
+    /// not stopped), and the event and worker log entries from before it, always keeping the
+    /// newest of each. Runs beside the writer, never holding it up for long.
+    fn compact(&self, cutoff_ms: u64, max_tasks: usize) -> Result<Compacted, StoreError> {
+        let _ = (cutoff_ms, max_tasks);
+        Ok(Compacted::default())
+    }
     /// `Full` while the disk is too full for a commit to be taken, so a caller can refuse work
     /// before planning it; a commit checks again itself.
     fn check_space(&self) -> Result<(), StoreError> {

@@ -74,6 +74,11 @@ pub enum Input {
     /// A policy version was activated or rolled back: take the priority policy's bucket
     /// weights again now rather than at the next aging tick.
     PoliciesChanged,
+    /// Retention removed these ended tasks from the store (counts by state code): they leave
+    /// the engine's counts. Changes nothing else.
+    Forgotten {
+        tasks_by_state: [u64; 12],
+    },
 }
 
 impl Input {
@@ -275,6 +280,10 @@ impl Stepper<'_> {
             }
             Input::Admit(ids) => {
                 self.admit(&ids);
+                Reply::Done
+            }
+            Input::Forgotten { tasks_by_state } => {
+                self.engine.forget(&tasks_by_state);
                 Reply::Done
             }
             Input::PoliciesChanged => {

@@ -18,6 +18,7 @@ mod materializer;
 mod overlay;
 mod policy_catalog;
 mod record;
+mod retention;
 mod segment;
 mod shared;
 mod space;
@@ -389,6 +390,18 @@ impl Store for SledStore {
         self.shared.space.check(0)
     }
 
+    fn first_event_seq(&self) -> Result<u64, StoreError> {
+        retention::first_event_seq(&self.shared)
+    }
+
+    fn compact(
+        &self,
+        cutoff_ms: u64,
+        max_tasks: usize,
+    ) -> Result<crate::store::Compacted, StoreError> {
+        retention::compact(&self.shared, cutoff_ms, max_tasks)
+    }
+
     fn failed(&self) -> Option<String> {
         self.shared.failure()
     }
@@ -445,10 +458,20 @@ impl Store for SledStore {
         let mut events = Vec::new();
         // Consecutive events of a task often share a block: keep the last one read.
         let mut block: Vec<Event> = Vec::new();
+        // A task older than the retention may have outlived its first events.
+        let floor = if task
+            .event_seqs
+            .first()
+            .is_some_and(|&first| first > after_seq)
+        {
+            retention::first_event_seq(&self.shared)?
+        } else {
+            1
+        };
         for &seq in task
             .event_seqs
             .iter()
-            .filter(|&&s| s > after_seq)
+            .filter(|&&s| s > after_seq && s >= floor)
             .take(limit)
         {
             let held = block.first().is_some_and(|e| e.seq <= seq)
