@@ -145,3 +145,114 @@ async fn a_result_past_max_result_bytes_is_refused_and_the_attempt_stays_open() 
     let done = report(&client, &server, id, "complete", small).await;
     assert_eq!(done.status, 200, "{:?}", done.body);
 }
+
+/// The server's resident memory now and at its peak, in bytes (`/proc/PID/status`).
+fn rss_bytes(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap()
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// 25 workers complete 100 tasks with results of a mebibyte each, every task owing a callback
+/// to a receiver that accepts connections and never answers: the server's memory stays under
+/// the sum of its byte bounds (bodies in flight, the log's overlay, the callback queue, sled's
+/// cache) and a base, however many results go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_of_a_mebibyte_and_a_stalled_callback_receiver_leave_memory_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    // A small page cache, so the bound is the store's and the queues' own.
+    // Leases and heartbeats that outlast a debug build's slow handling of a mebibyte of JSON.
+    std::fs::write(
+        &config,
+        "cache_capacity_bytes = 67108864\nworker_stale_ms = 600000\nlease_ms = 600000\n",
+    )
+    .unwrap();
+    let server = Server::start_with(
+        &dir.path().join("data"),
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--callback-allow",
+            "127.0.0.1",
+        ],
+    );
+    // The stalled receiver: connections are taken and held, nothing is ever read or answered.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let callback_url = format!("http://{}/done", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    let client = http();
+    const WORKERS: usize = 25;
+    const TASKS: usize = 100;
+    for n in 0..TASKS {
+        let body = json!({"kind": "oct.scan", "callback_url": callback_url, "payload": {"n": n}});
+        let created = post_json(&client, &server.endpoint("/v1/tasks"), &body).await;
+        assert_eq!(created.status, 201, "{:?}", created.body);
+    }
+    let result = "r".repeat(1_000_000);
+    // A debug build moves a mebibyte of JSON slowly: 100 of them at once take a while.
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for w in 0..WORKERS {
+        let (client, server_url, result) = (client.clone(), server.url.clone(), result.clone());
+        workers.push(tokio::spawn(async move {
+            let worker = format!("w{w}");
+            let heartbeat = json!({"gpus": [], "max_concurrency": 1});
+            let url = format!("{server_url}/v1/workers/{worker}/heartbeat");
+            assert_eq!(post_json(&client, &url, &heartbeat).await.status, 200);
+            let mut done = 0;
+            loop {
+                let url = format!("{server_url}/v1/workers/{worker}/claim");
+                let claim = post_json(&client, &url, &json!({"max": 1, "wait_ms": 0})).await;
+                assert_eq!(claim.status, 200, "{:?}", claim.body);
+                let Some(lease) = claim.body["leases"].as_array().unwrap().first().cloned() else {
+                    return done;
+                };
+                let id = lease["task"]["id"].as_str().unwrap();
+                let url = format!("{server_url}/v1/tasks/{id}/complete");
+                let body = json!({"lease_token": lease["lease_token"], "result": {"mask": result}});
+                let reported = post_json(&client, &url, &body).await;
+                assert_eq!(reported.status, 200, "{:?}", reported.body);
+                done += 1;
+            }
+        }));
+    }
+    let mut completed = 0;
+    for worker in workers {
+        completed += worker.await.unwrap();
+    }
+    assert_eq!(completed, TASKS);
+    println!(
+        "{TASKS} reports in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let (rss, peak) = rss_bytes(server.pid());
+    let mib = |bytes: u64| bytes / (1 << 20);
+    // Bodies in flight (256 MiB) + the overlay (256 MiB) + callbacks queued (64 MiB) and in
+    // flight (16 of 1 MiB) + sled's cache (64 MiB) + a base of 256 MiB (the runtime, the
+    // policy engine's code, allocator slack).
+    let bound: u64 = (256 + 256 + 64 + 16 + 64 + 256) << 20;
+    println!(
+        "{TASKS} results of 1 MB through {WORKERS} workers, callbacks stalled: RSS {} MiB, peak {} MiB (bound {} MiB)",
+        mib(rss),
+        mib(peak),
+        mib(bound)
+    );
+    assert!(peak < bound, "peak RSS {} MiB", mib(peak));
+}
