@@ -164,3 +164,25 @@ async fn a_failed_directory_sync_stops_acknowledgements_and_the_restart_loses_no
     );
     assert_nothing_acknowledged_was_lost(dir.path(), &run).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_sync_of_a_spare_segment_costs_only_the_spare() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::launch(
+        dir.path(),
+        &[],
+        &[("FAILPOINTS", "wal-spare-sync=return")],
+        None,
+    );
+    let client = http();
+    for n in 0..50 {
+        let body = json!({"kind": "oct.scan", "payload": {"n": n}});
+        let created = post_json(&client, &server.endpoint("/v1/tasks"), &body).await;
+        assert_eq!(created.status, 201, "{:?}", created.body);
+    }
+    assert_eq!(all_tasks(&client, &server).await.len(), 50);
+    // Not a failed store: the server stops cleanly when told, and a restart has everything.
+    assert!(server.terminate().success());
+    let server = Server::start(dir.path());
+    assert_eq!(all_tasks(&client, &server).await.len(), 50);
+}

@@ -450,6 +450,11 @@ fn zeroed_segment(path: &Path, spare: &Spare) -> Result<Option<File>, StoreError
         for piece in 0..(ZERO_CHUNK_BYTES / ZERO_WRITE_BYTES) as u64 {
             file.write_all_at(&zeros, at + piece * ZERO_WRITE_BYTES as u64)?;
         }
+        // A failed sync here loses only zeros laid down ahead: the spare is dropped (and made
+        // again later), and the log, whose own syncs are what acknowledge, goes on.
+        fail::fail_point!("wal-spare-sync", |_| Err(StoreError::Io(
+            std::io::Error::other("injected failure of a spare segment's fdatasync")
+        )));
         file.sync_data()?;
         at += ZERO_CHUNK_BYTES as u64;
     }
