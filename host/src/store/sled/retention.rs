@@ -111,22 +111,29 @@ fn remove_task(
     Ok(true)
 }
 
-/// Removes the oldest event blocks whose every event is before the cutoff, keeping the newest.
-fn remove_blocks(shared: &Shared, cutoff_ms: u64) -> Result<usize, StoreError> {
+/// Removes the oldest entries under `prefix` whose time (`last_at_ms` of the decoded entry:
+/// for a block, its last event's) is before the cutoff, always keeping the newest entry.
+fn remove_log_prefix<T: serde::de::DeserializeOwned>(
+    shared: &Shared,
+    prefix: u8,
+    what: &'static str,
+    cutoff_ms: u64,
+    last_at_ms: impl Fn(&T) -> Option<u64>,
+) -> Result<usize, StoreError> {
     let tree = &shared.tree;
-    let newest = match tree.scan_prefix([keys::BLOCK]).next_back() {
+    let newest = match tree.scan_prefix([prefix]).next_back() {
         Some(entry) => entry?.0,
         None => return Ok(0),
     };
     let mut removed = 0;
-    for entry in tree.scan_prefix([keys::BLOCK]).take(MAX_LOG_ENTRIES) {
+    for entry in tree.scan_prefix([prefix]).take(MAX_LOG_ENTRIES) {
         let (key, bytes) = entry?;
         if key == newest {
             break;
         }
-        let block: Vec<Event> =
-            serde_json::from_slice(&bytes).map_err(|e| super::util::corrupt("event log", e))?;
-        if block.last().is_some_and(|last| last.at_ms >= cutoff_ms) {
+        let decoded: T =
+            serde_json::from_slice(&bytes).map_err(|e| super::util::corrupt(what, e))?;
+        if last_at_ms(&decoded).is_some_and(|at_ms| at_ms >= cutoff_ms) {
             break;
         }
         tree.remove(key)?;
@@ -135,28 +142,24 @@ fn remove_blocks(shared: &Shared, cutoff_ms: u64) -> Result<usize, StoreError> {
     Ok(removed)
 }
 
-/// Removes the oldest worker log entries from before the cutoff, keeping the newest.
+fn remove_blocks(shared: &Shared, cutoff_ms: u64) -> Result<usize, StoreError> {
+    remove_log_prefix(
+        shared,
+        keys::BLOCK,
+        "event log",
+        cutoff_ms,
+        |block: &Vec<Event>| block.last().map(|event| event.at_ms),
+    )
+}
+
 fn remove_worker_events(shared: &Shared, cutoff_ms: u64) -> Result<usize, StoreError> {
-    let tree = &shared.tree;
-    let newest = match tree.scan_prefix([keys::WORKER_EVENT]).next_back() {
-        Some(entry) => entry?.0,
-        None => return Ok(0),
-    };
-    let mut removed = 0;
-    for entry in tree.scan_prefix([keys::WORKER_EVENT]).take(MAX_LOG_ENTRIES) {
-        let (key, bytes) = entry?;
-        if key == newest {
-            break;
-        }
-        let event: WorkerEvent =
-            serde_json::from_slice(&bytes).map_err(|e| super::util::corrupt("worker log", e))?;
-        if event.at_ms >= cutoff_ms {
-            break;
-        }
-        tree.remove(key)?;
-        removed += 1;
-    }
-    Ok(removed)
+    remove_log_prefix(
+        shared,
+        keys::WORKER_EVENT,
+        "worker log",
+        cutoff_ms,
+        |event: &WorkerEvent| Some(event.at_ms),
+    )
 }
 
 /// The `seq` of the oldest event still held: that of the first block in sled, else of the
