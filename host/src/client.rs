@@ -23,8 +23,19 @@ pub enum ClientError {
         status: u16,
         body: String,
     },
-    #[error("invalid server URL `{0}`: use http://HOST:PORT")]
+    #[error("invalid server URL `{0}`: use http://HOST:PORT or https://HOST:PORT")]
     BadUrl(String),
+    #[error("invalid credentials: {0}")]
+    BadCredentials(String),
+}
+
+/// How a client proves who it is and whom it trusts.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    /// Sent as `Authorization: Bearer TOKEN` on every request.
+    pub token: Option<String>,
+    /// PEM CA certificates the server's certificate may be signed by, beside the system's.
+    pub ca_cert_pem: Option<Vec<u8>>,
 }
 
 #[derive(Deserialize)]
@@ -58,18 +69,48 @@ impl Client {
 
     /// A client keeping up to `idle_connections` open connections, for many concurrent callers.
     pub fn with_pool(base_url: &str, idle_connections: usize) -> Result<Client, ClientError> {
+        Self::connect(base_url, idle_connections, &Credentials::default())
+    }
+
+    /// A client that sends `credentials`' token and trusts its CA.
+    pub fn connect(
+        base_url: &str,
+        idle_connections: usize,
+        credentials: &Credentials,
+    ) -> Result<Client, ClientError> {
         let parsed = url::Url::parse(base_url).map_err(|_| ClientError::BadUrl(base_url.into()))?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(ClientError::BadUrl(base_url.into()));
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .pool_max_idle_per_host(idle_connections)
-            .timeout(Duration::from_secs(60))
-            .build()
-            .map_err(|source| ClientError::Http {
-                url: base_url.into(),
-                source,
-            })?;
+            .timeout(Duration::from_secs(60));
+        if let Some(token) = &credentials.token {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| {
+                    ClientError::BadCredentials("the token must be visible ASCII".into())
+                })?;
+            value.set_sensitive(true);
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+            builder = builder.default_headers(headers);
+        }
+        if let Some(pem) = &credentials.ca_cert_pem {
+            let roots = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| ClientError::BadCredentials(format!("the CA certificate: {e}")))?;
+            if roots.is_empty() {
+                return Err(ClientError::BadCredentials(
+                    "the CA file holds no PEM certificate".into(),
+                ));
+            }
+            for root in roots {
+                builder = builder.add_root_certificate(root);
+            }
+        }
+        let http = builder.build().map_err(|source| ClientError::Http {
+            url: base_url.into(),
+            source,
+        })?;
         Ok(Client {
             http,
             base: base_url.trim_end_matches('/').to_owned(),
@@ -109,6 +150,7 @@ impl Client {
         kind: &str,
         component: Vec<u8>,
         config: Option<&str>,
+        signature: Option<&str>,
     ) -> Result<Value, ClientError> {
         let url = format!("{}/v1/policies/{kind}", self.base);
         let mut request = self
@@ -116,6 +158,9 @@ impl Client {
             .put(&url)
             .header(reqwest::header::CONTENT_TYPE, "application/wasm")
             .body(component);
+        if let Some(signature) = signature {
+            request = request.header(crate::auth::signing::SIGNATURE_HEADER, signature.trim());
+        }
         if let Some(config) = config {
             request = request.query(&[("config", config)]);
         }
@@ -209,6 +254,30 @@ impl Client {
     /// The scheduler's counts: tasks by state, queued tasks by bucket.
     pub async fn stats(&self) -> Result<Value, ClientError> {
         self.get_json("/v1/stats", &[]).await
+    }
+
+    /// Issues a token (admin): the answer holds its text, shown this once.
+    pub async fn issue_token(
+        &self,
+        request: &crate::auth::TokenRequest,
+    ) -> Result<Value, ClientError> {
+        self.post_json("/v1/tokens", request).await
+    }
+
+    pub async fn tokens(&self) -> Result<Value, ClientError> {
+        self.get_json("/v1/tokens", &[]).await
+    }
+
+    pub async fn revoke_token(&self, id: &str) -> Result<Value, ClientError> {
+        let url = format!("{}/v1/tokens/{id}", self.base);
+        let response = self.send(&url, self.http.delete(&url)).await?;
+        Self::decode(&url, response).await
+    }
+
+    /// The audit log of admin actions after `after_seq`.
+    pub async fn audit(&self, after_seq: u64) -> Result<Value, ClientError> {
+        self.get_json("/v1/audit", &[("after", after_seq.to_string())])
+            .await
     }
 
     /// The worker log (breaker changes) after `after_seq`.

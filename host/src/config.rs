@@ -69,6 +69,23 @@ pub struct ServeConfig {
     /// Ended tasks (with their payloads, keys and events) are removed this long after their
     /// last change.
     pub retention_ms: u64,
+    /// Hex SHA-256 of the bootstrap admin token (from `admin_token_sha256`, or hashed from
+    /// `SLUICE_ADMIN_TOKEN`).
+    pub admin_token_sha256: Option<String>,
+    /// Serve without auth even on a non-loopback address (warned at every start).
+    pub insecure_no_auth: bool,
+    /// The ed25519 keys policy uploads must be signed by; none: no signature asked.
+    pub policy_signing_keys: Vec<crate::auth::signing::KeyConfig>,
+    /// Each device token's sustained request rate, and the burst above it.
+    pub device_rate_per_s: u32,
+    pub device_burst: u32,
+    /// Requests answered at once; past it, 503 at once.
+    pub max_requests_in_flight: usize,
+    /// The longest a request may take to its answer's headers.
+    pub request_timeout_ms: u64,
+    /// PEM certificate chain and private key: serve https (rustls) instead of http.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for ServeConfig {
@@ -100,6 +117,15 @@ impl Default for ServeConfig {
             max_claim_wait_ms: 30_000,
             split_kinds: vec!["vector.search".to_owned()],
             retention_ms: crate::scheduler::DEFAULT_RETENTION_MS,
+            admin_token_sha256: None,
+            insecure_no_auth: false,
+            policy_signing_keys: Vec::new(),
+            device_rate_per_s: 100,
+            device_burst: 200,
+            max_requests_in_flight: 4096,
+            request_timeout_ms: 60_000,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -133,6 +159,14 @@ pub struct FileConfig {
     pub max_claim_wait_ms: Option<u64>,
     pub split_kinds: Option<Vec<String>>,
     pub retention_ms: Option<u64>,
+    pub admin_token_sha256: Option<String>,
+    pub policy_signing_keys: Option<Vec<crate::auth::signing::KeyConfig>>,
+    pub device_rate_per_s: Option<u32>,
+    pub device_burst: Option<u32>,
+    pub max_requests_in_flight: Option<usize>,
+    pub request_timeout_ms: Option<u64>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
     /// `[policies.<kind>]` tables: each policy's settings, e.g.
     /// `[policies.retry] initial_delay_ms = 300000`.
     #[serde(default)]
@@ -169,6 +203,13 @@ pub struct Overrides {
     pub callback_allow: Option<Vec<String>>,
     /// `kind.name=value` settings of policies; each overrides the same setting in the file.
     pub policy_settings: Vec<String>,
+    /// The bootstrap admin token's text (`SLUICE_ADMIN_TOKEN`); only its hash is kept.
+    pub admin_token: Option<String>,
+    pub insecure_no_auth: bool,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub device_rate_per_s: Option<u32>,
+    pub device_burst: Option<u32>,
 }
 
 impl ServeConfig {
@@ -239,6 +280,34 @@ impl ServeConfig {
                 .sync_claims
                 .or(file.sync_claims)
                 .unwrap_or(defaults.sync_claims),
+            admin_token_sha256: match (&overrides.admin_token, file.admin_token_sha256) {
+                (Some(_), Some(_)) => {
+                    return Err(ConfigError::Invalid {
+                        name: "admin_token_sha256",
+                        reason: "set it or SLUICE_ADMIN_TOKEN, not both".into(),
+                    });
+                }
+                (Some(token), None) => Some(crate::auth::token_sha256(token)),
+                (None, hash) => hash,
+            },
+            insecure_no_auth: overrides.insecure_no_auth,
+            policy_signing_keys: file.policy_signing_keys.unwrap_or_default(),
+            device_rate_per_s: overrides
+                .device_rate_per_s
+                .or(file.device_rate_per_s)
+                .unwrap_or(defaults.device_rate_per_s),
+            device_burst: overrides
+                .device_burst
+                .or(file.device_burst)
+                .unwrap_or(defaults.device_burst),
+            max_requests_in_flight: file
+                .max_requests_in_flight
+                .unwrap_or(defaults.max_requests_in_flight),
+            request_timeout_ms: file
+                .request_timeout_ms
+                .unwrap_or(defaults.request_timeout_ms),
+            tls_cert: overrides.tls_cert.or(file.tls_cert),
+            tls_key: overrides.tls_key.or(file.tls_key),
         };
         config.check()?;
         Ok(config)
@@ -316,6 +385,36 @@ impl ServeConfig {
         }
         if self.max_claim_wait_ms > 300_000 {
             return Err(invalid("max_claim_wait_ms", "must be at most 5 min"));
+        }
+        if let Some(token) = self.admin_token_sha256.as_deref()
+            && (token.len() != 64 || !token.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(invalid("admin_token_sha256", "must be 64 hex digits"));
+        }
+        if self.policy_signing_keys.len() > 64 {
+            return Err(invalid("policy_signing_keys", "at most 64 keys"));
+        }
+        crate::auth::signing::SigningKeys::new(&self.policy_signing_keys)
+            .map_err(|e| invalid("policy_signing_keys", &e.to_string()))?;
+        if !(1..=1_000_000).contains(&self.device_rate_per_s) {
+            return Err(invalid("device_rate_per_s", "must be 1 to 1000000"));
+        }
+        if !(1..=1_000_000).contains(&self.device_burst) {
+            return Err(invalid("device_burst", "must be 1 to 1000000"));
+        }
+        if !(1..=1_000_000).contains(&self.max_requests_in_flight) {
+            return Err(invalid("max_requests_in_flight", "must be 1 to 1000000"));
+        }
+        if self.request_timeout_ms < self.max_claim_wait_ms + 1_000
+            || self.request_timeout_ms > 3_600_000
+        {
+            return Err(invalid(
+                "request_timeout_ms",
+                "must be at least max_claim_wait_ms + 1000 (a waiting claim must fit) and at most 1 h",
+            ));
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(invalid("tls_cert", "tls_cert and tls_key go together"));
         }
         if self.split_kinds.len() > 64 {
             return Err(invalid("split_kinds", "at most 64 kinds"));

@@ -2,11 +2,12 @@
 //!
 //! `model` holds the task model and its state machine, `engine` the deterministic core,
 //! `store` durable storage behind a trait, `scheduler` the threads that connect them, `api`
-//! the HTTP routes, `server` the server as a library, `client` a typed HTTP client, `worker` a worker client to embed, `vector` exact vector search
+//! the HTTP routes, `auth` tokens and policy signatures, `server` the server as a library, `client` a typed HTTP client, `worker` a worker client to embed, `vector` exact vector search
 //! for shard workers. The `sluice`
 //! command (`main.rs`, `cli/`) is a thin layer over them.
 
 pub mod api;
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod engine;
@@ -17,5 +18,6 @@ pub mod server;
 pub mod sim;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod vector;
 pub mod worker;

@@ -3,6 +3,8 @@
 //! Binaries and tests call `Server::open` then `run` with a listener they bound (port 0 works).
 
 use crate::api::{self, ApiLimits, AppState};
+use crate::auth::signing::SigningKeys;
+use crate::auth::{AuthError, Gate};
 use crate::config::ServeConfig;
 use crate::engine::EngineOptions;
 use crate::model::{Limits, State};
@@ -35,6 +37,14 @@ pub enum ServerError {
     StorageFailed(String),
     #[error("invalid setting: {0}")]
     Config(String),
+    #[error("cannot open the token table: {0}")]
+    Auth(#[from] AuthError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    #[error(
+        "refusing to serve {0} without auth: set SLUICE_ADMIN_TOKEN (or admin_token_sha256), or pass --insecure-no-auth to serve anyone who can reach the port"
+    )]
+    OpenOnNetwork(std::net::SocketAddr),
 }
 
 /// The CA certificates of a PEM file, for https callbacks.
@@ -53,6 +63,19 @@ fn callback_roots(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, S
 pub struct Server {
     state: AppState,
     drain_timeout: Duration,
+    tls: Option<Arc<crate::tls::Tls>>,
+    insecure_no_auth: bool,
+}
+
+/// How a server admits requests, for its first line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Bearer tokens are required.
+    Tokens,
+    /// No token configured yet: every request acts as admin (loopback only, unless insecure).
+    Open,
+    /// `--insecure-no-auth`.
+    Disabled,
 }
 
 impl Server {
@@ -68,6 +91,17 @@ impl Server {
             },
         )?;
         let store = Arc::new(store);
+        let gate = Arc::new(Gate::open(
+            store.clone(),
+            config.admin_token_sha256.clone(),
+            config.insecure_no_auth,
+        )?);
+        let signing_keys = SigningKeys::new(&config.policy_signing_keys)
+            .map_err(|e| ServerError::Config(format!("policy_signing_keys: {e}")))?;
+        let tls = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => Some(Arc::new(crate::tls::Tls::load(cert, key)?)),
+            _ => None,
+        };
         let metrics = Arc::new(Metrics::new());
         let runtime = Arc::new(PolicyRuntime::new(RuntimeOptions {
             memory_limit_bytes: config.policy_memory_limit_bytes,
@@ -124,10 +158,41 @@ impl Server {
         );
         limits.max_claim_wait = Duration::from_millis(config.max_claim_wait_ms);
         limits.max_result_bytes = config.max_result_bytes;
+        limits.max_requests_in_flight = config.max_requests_in_flight;
+        limits.request_timeout = Duration::from_millis(config.request_timeout_ms);
+        let nonzero = |n: u32| std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN);
+        limits.device_rate = api::guard::DeviceRate {
+            rate_per_s: nonzero(config.device_rate_per_s),
+            burst: nonzero(config.device_burst),
+        };
         Ok(Server {
-            state: AppState::new(Arc::new(scheduler), policies, limits, metrics),
+            state: AppState::new(
+                Arc::new(scheduler),
+                policies,
+                limits,
+                metrics,
+                gate,
+                signing_keys,
+            ),
             drain_timeout: Duration::from_millis(config.drain_timeout_ms),
+            tls,
+            insecure_no_auth: config.insecure_no_auth,
         })
+    }
+
+    pub fn auth_mode(&self) -> AuthMode {
+        if self.insecure_no_auth {
+            AuthMode::Disabled
+        } else if self.state.gate.is_enforced() {
+            AuthMode::Tokens
+        } else {
+            AuthMode::Open
+        }
+    }
+
+    /// `https` when a certificate is configured, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
     }
 
     /// Serves until `shutdown` resolves, then drains: refuses new submissions and claims,
@@ -139,6 +204,13 @@ impl Server {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
+        let address = listener.local_addr()?;
+        if self.auth_mode() == AuthMode::Open && !address.ip().is_loopback() {
+            return Err(ServerError::OpenOnNetwork(address));
+        }
+        if self.auth_mode() == AuthMode::Disabled {
+            tracing::warn!(%address, "auth is disabled (--insecure-no-auth): anyone who reaches the port is an admin");
+        }
         let draining = self.state.draining.clone();
         let drain = self.state.drain.clone();
         let scheduler = self.state.scheduler.clone();
@@ -180,9 +252,21 @@ impl Server {
                 "drain over; finishing requests in flight"
             );
         };
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(signal)
-            .await;
+        let served = match &self.tls {
+            Some(tls) => {
+                let reloading = tokio::spawn(reload_on_sighup(tls.clone()));
+                let served = axum::serve(tls.listener(listener)?, app)
+                    .with_graceful_shutdown(signal)
+                    .await;
+                reloading.abort();
+                served
+            }
+            None => {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(signal)
+                    .await
+            }
+        };
         self.state.scheduler.shutdown().await;
         served?;
         if let Some(reason) = self.state.scheduler.storage_failed().borrow().clone() {
@@ -190,5 +274,23 @@ impl Server {
         }
         tracing::info!("stopped; everything acknowledged is on disk");
         Ok(())
+    }
+}
+
+/// Reads the certificate and key again on every SIGHUP; a bad pair is logged and the old one
+/// kept.
+async fn reload_on_sighup(tls: Arc<crate::tls::Tls>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot watch SIGHUP; the TLS certificate is reloaded only by a restart");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        match tls.reload() {
+            Ok(()) => tracing::info!("TLS certificate reloaded"),
+            Err(error) => {
+                tracing::error!(%error, "TLS certificate not reloaded; keeping the old one")
+            }
+        }
     }
 }

@@ -47,6 +47,8 @@ pub fn sluice_binary() -> &'static Path {
 pub struct Server {
     child: Child,
     pub url: String,
+    /// The first line it printed: `listening on URL (auth: ...)`.
+    pub announce: String,
 }
 
 impl Server {
@@ -90,9 +92,14 @@ impl Server {
         let url = line
             .trim()
             .strip_prefix("listening on ")
+            .and_then(|rest| rest.split_whitespace().next())
             .unwrap_or_else(|| panic!("unexpected first line from sluice serve: {line:?}"))
             .to_owned();
-        Server { child, url }
+        Server {
+            child,
+            url,
+            announce: line.trim().to_owned(),
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -146,6 +153,33 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A client that sends `Authorization: Bearer TOKEN` on every request.
+pub fn http_as(token: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = format!("Bearer {token}").parse().expect("a token header");
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(256)
+        .default_headers(headers)
+        .build()
+        .expect("HTTP client")
+}
+
+/// Issues a token as `admin` (a client with an admin token); answers its text and id.
+pub async fn issue_token(
+    admin: &reqwest::Client,
+    server: &Server,
+    request: &Value,
+) -> (String, String) {
+    let issued = post_json(admin, &server.endpoint("/v1/tokens"), request).await;
+    assert_eq!(issued.status, 201, "{:?}", issued.body);
+    (
+        issued.body["token"].as_str().expect("token").to_owned(),
+        issued.body["id"].as_str().expect("id").to_owned(),
+    )
 }
 
 pub fn http() -> reqwest::Client {
@@ -364,10 +398,21 @@ pub struct Worker {
 impl Worker {
     /// Starts `sluice worker --server <server> --id <id>` with `extra_args`.
     pub fn start(server: &Server, id: &str, extra_args: &[&str]) -> Worker {
+        Self::start_with_env(server, id, extra_args, &[])
+    }
+
+    /// `start`, with `env` set (`SLUICE_TOKEN`, say).
+    pub fn start_with_env(
+        server: &Server,
+        id: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Worker {
         let child = Command::new(sluice_binary())
             .args(["worker", "--server", &server.url, "--id", id])
             .args(extra_args)
             .env("SLUICE_LOG", "warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -143,6 +143,7 @@ fn serve_reads_a_config_file_and_environment_overrides_it() {
     let url = line
         .trim()
         .strip_prefix("listening on ")
+        .and_then(|rest| rest.split_whitespace().next())
         .expect("announce line")
         .to_owned();
     assert!(

@@ -1,14 +1,17 @@
-//! The HTTP API: every route under one router, so later layers (auth, rate limits) wrap them all.
+//! The HTTP API: every route under one router, wrapped by the guard (tokens, roles, device
+//! rates) and by the server-wide bounds (requests in flight, request time).
 
 mod batch;
 mod events;
 mod extract;
+pub mod guard;
 mod metrics;
 mod policies;
 mod problem;
 mod reports;
 mod status_page;
 mod tasks;
+mod tokens;
 mod workers;
 
 pub use problem::{ApiError, PROBLEM_JSON, Problem};
@@ -16,6 +19,8 @@ pub use reports::MAX_BATCH_REPORTS;
 pub use tasks::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAY, MAX_BATCH_TASKS};
 pub use workers::{ClaimRefusal, ClaimResponse, LeaseGrant, MAX_CLAIM};
 
+use crate::auth::Gate;
+use crate::auth::signing::SigningKeys;
 use crate::model::Limits;
 use crate::policy::PolicyRegistry;
 use crate::scheduler::Scheduler;
@@ -50,6 +55,14 @@ pub struct ApiLimits {
     /// The largest `result` a complete report may carry, serialized; a single report's body
     /// may be this plus room for its other fields.
     pub max_result_bytes: usize,
+    /// Requests being answered at once; past it, new ones get 503 at once rather than queue.
+    /// Waiting claims count.
+    pub max_requests_in_flight: usize,
+    /// The longest a request may take, from its arrival to its answer's headers (a waiting
+    /// claim included; a stream's body is not bounded by it).
+    pub request_timeout: Duration,
+    /// Each device token's sustained request rate and burst.
+    pub device_rate: guard::DeviceRate,
 }
 
 impl ApiLimits {
@@ -69,6 +82,12 @@ impl ApiLimits {
             policy_body_bytes,
             max_claim_wait: Duration::from_secs(30),
             max_result_bytes: 1024 * 1024,
+            max_requests_in_flight: 4096,
+            request_timeout: Duration::from_secs(60),
+            device_rate: guard::DeviceRate {
+                rate_per_s: std::num::NonZeroU32::new(100).unwrap_or(std::num::NonZeroU32::MIN),
+                burst: std::num::NonZeroU32::new(200).unwrap_or(std::num::NonZeroU32::MIN),
+            },
         }
     }
 }
@@ -85,6 +104,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Event streams open at once; past it, new ones are refused.
     pub event_streams: Arc<Semaphore>,
+    /// Tokens: who a request acts as.
+    pub gate: Arc<Gate>,
+    /// The keys a policy upload must be signed by (none: signatures are not asked for).
+    pub signing_keys: Arc<SigningKeys>,
 }
 
 impl AppState {
@@ -93,6 +116,8 @@ impl AppState {
         policies: Arc<PolicyRegistry>,
         limits: ApiLimits,
         metrics: Arc<Metrics>,
+        gate: Arc<Gate>,
+        signing_keys: SigningKeys,
     ) -> Self {
         // Semaphore permits are u32 and capped by tokio; the budget is clamped to fit.
         let permits = limits
@@ -108,6 +133,8 @@ impl AppState {
             body_budget: Arc::new(Semaphore::new(permits)),
             metrics,
             event_streams: Arc::new(Semaphore::new(events::MAX_STREAMS)),
+            gate,
+            signing_keys: Arc::new(signing_keys),
         }
     }
 
@@ -144,6 +171,18 @@ impl AppState {
 
 pub fn router(state: AppState) -> Router {
     let http_metrics = state.metrics.http.clone();
+    let guard = guard::Guard::new(state.gate.clone(), state.limits.device_rate);
+    let request_timeout_s = state.limits.request_timeout.as_secs();
+    let bounds = tower::ServiceBuilder::new()
+        .layer(axum::error_handling::HandleErrorLayer::new(
+            move |error: tower::BoxError| async move { bound_exceeded(error, request_timeout_s) },
+        ))
+        .load_shed()
+        // Global: `Router::layer` wraps each route on its own, and the bound is the server's.
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+            state.limits.max_requests_in_flight,
+        ))
+        .timeout(state.limits.request_timeout);
     Router::new()
         .route("/", get(status_page::index))
         .route("/assets/{file}", get(status_page::asset))
@@ -175,9 +214,18 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/policies/{kind}/activate", post(policies::activate))
         .route("/v1/policies/{kind}/rollback", post(policies::rollback))
+        .route("/v1/tokens", post(tokens::issue).get(tokens::list))
+        .route("/v1/tokens/{id}", axum::routing::delete(tokens::revoke))
+        .route("/v1/audit", get(tokens::audit))
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        // Inside the router's own layers, so the matched route is known to the guard.
+        .layer(axum::middleware::from_fn_with_state(
+            guard,
+            guard::authenticate,
+        ))
+        .layer(bounds)
         .layer(axum::middleware::from_fn_with_state(
             http_metrics,
             telemetry::track,
@@ -225,6 +273,18 @@ async fn route_not_found(uri: Uri) -> ApiError {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::MethodNotAllowed
+}
+
+/// The answer to a request refused by the server-wide bounds: too many in flight (503 at
+/// once, not queued) or out of its `timeout_s`.
+fn bound_exceeded(error: tower::BoxError, timeout_s: u64) -> ApiError {
+    if error.is::<tower::timeout::error::Elapsed>() {
+        ApiError::RequestTimeout(timeout_s)
+    } else if error.is::<tower::load_shed::error::Overloaded>() {
+        ApiError::TooManyRequestsInFlight
+    } else {
+        ApiError::Internal(format!("request refused: {error}"))
+    }
 }
 
 fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {

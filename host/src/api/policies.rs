@@ -3,7 +3,9 @@
 
 use super::AppState;
 use super::extract::{Decoded, KindPath, decode_query, media_type, read_body, read_json};
+use super::guard::Caller;
 use super::problem::ApiError;
+use crate::auth::signing::SIGNATURE_HEADER;
 use crate::model::PolicyKind;
 use crate::policy::{KindStatus, MAX_CONFIG_BYTES, PolicyRegistry};
 use crate::scheduler::{Clock, SystemClock};
@@ -38,6 +40,7 @@ struct UploadQuery {
 
 pub async fn upload(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     Path(kind): Path<String>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
@@ -74,10 +77,36 @@ pub async fn upload(
     if !is_component {
         return Err(ApiError::UnsupportedMediaType("application/wasm"));
     }
+    let signature = match headers.get(SIGNATURE_HEADER) {
+        Some(value) => Some(value.to_str().map_err(|_| {
+            ApiError::from(crate::auth::signing::SignatureError::Malformed(
+                "the header must be visible ASCII".into(),
+            ))
+        })?),
+        None => None,
+    };
+    // Checked before anything is compiled or stored: an unsigned module is never kept.
+    let signed_by = state.signing_keys.verify(&bytes, signature)?;
     let uploaded = blocking(&state.policies, move |registry, now_ms| {
-        Ok(registry.upload(kind, &bytes, query.config, now_ms)?)
+        Ok(registry.upload_signed(kind, &bytes, query.config, signed_by, now_ms)?)
     })
     .await?;
+    if uploaded.created {
+        let version = &uploaded.version;
+        let detail = version
+            .signed_by
+            .as_ref()
+            .map(|key| format!("sha256={} signed_by={key}", version.sha256))
+            .or_else(|| Some(format!("sha256={}", version.sha256)));
+        super::tokens::record(
+            &state,
+            &caller,
+            "policy.upload",
+            format!("{kind} v{}", version.version),
+            detail,
+        )
+        .await?;
+    }
     let status = if uploaded.created {
         StatusCode::CREATED
     } else {
@@ -99,6 +128,7 @@ struct ActivateRequest {
 
 pub async fn activate(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     KindPath(kind): KindPath,
     headers: HeaderMap,
     body: Body,
@@ -119,11 +149,20 @@ pub async fn activate(
     })
     .await?;
     state.scheduler.policies_changed();
+    super::tokens::record(
+        &state,
+        &caller,
+        "policy.activate",
+        format!("{kind} v{version}"),
+        None,
+    )
+    .await?;
     Ok(Json(status))
 }
 
 pub async fn rollback(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     KindPath(kind): KindPath,
 ) -> Result<Json<KindStatus>, ApiError> {
     state.refuse_if_draining()?;
@@ -132,6 +171,14 @@ pub async fn rollback(
     })
     .await?;
     state.scheduler.policies_changed();
+    super::tokens::record(
+        &state,
+        &caller,
+        "policy.rollback",
+        format!("{kind} to v{}", status.active_version),
+        None,
+    )
+    .await?;
     Ok(Json(status))
 }
 

@@ -1,6 +1,8 @@
 //! The one place where errors become HTTP answers: RFC 9457 `application/problem+json` bodies
 //! with a stable `type` per kind of error.
 
+use crate::auth::AuthError;
+use crate::auth::signing::SignatureError;
 use crate::engine::StepError;
 use crate::model::{IdError, TaskId, UnknownKind, ValidationError};
 use crate::policy::{Check, RegistryError};
@@ -78,6 +80,28 @@ pub enum ApiError {
     StorageFailed(String),
     #[error("{0}")]
     InsufficientStorage(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    TokenNotFound(String),
+    #[error("{0}")]
+    InvalidToken(String),
+    #[error("{0}")]
+    TokenConflict(String),
+    #[error(
+        "this token sent more than {rate_per_s} requests a second (burst {burst}); retry in {retry_after_s} s"
+    )]
+    RateLimited {
+        rate_per_s: u32,
+        burst: u32,
+        retry_after_s: u32,
+    },
+    #[error("the server is answering as many requests as it may at once; retry shortly")]
+    TooManyRequestsInFlight,
+    #[error("the request took longer than {0} s")]
+    RequestTimeout(u64),
     #[error("events before {first_seq} were removed by retention; read on from after={}", first_seq - 1)]
     EventsGone { first_seq: u64 },
 }
@@ -224,6 +248,30 @@ impl ApiError {
                 "Insufficient storage",
             ),
             EventsGone { .. } => (StatusCode::GONE, "events-gone", "Events gone"),
+            Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
+            TokenNotFound(_) => (StatusCode::NOT_FOUND, "token-not-found", "Token not found"),
+            InvalidToken(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-token-request",
+                "Invalid token request",
+            ),
+            TokenConflict(_) => (StatusCode::CONFLICT, "token-conflict", "Token conflict"),
+            RateLimited { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate-limited",
+                "Rate limited",
+            ),
+            TooManyRequestsInFlight => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too-many-requests-in-flight",
+                "Too many requests in flight",
+            ),
+            RequestTimeout(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "request-timeout",
+                "Request timeout",
+            ),
         }
     }
 
@@ -263,6 +311,9 @@ impl ApiError {
             ApiError::Draining => Some(5),
             ApiError::PolicyUnavailable(_) => Some(1),
             ApiError::InsufficientStorage(_) => Some(5),
+            ApiError::RateLimited { retry_after_s, .. } => Some(*retry_after_s),
+            ApiError::TooManyRequestsInFlight => Some(1),
+            ApiError::RequestTimeout(_) => Some(1),
             _ => None,
         }
     }
@@ -275,6 +326,30 @@ impl From<ValidationError> for ApiError {
                 ApiError::PayloadTooLarge { size, limit }
             }
             other => ApiError::InvalidTask(other),
+        }
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(error: AuthError) -> Self {
+        match error {
+            AuthError::Missing | AuthError::Malformed | AuthError::Refused => {
+                ApiError::Unauthorized(error.to_string())
+            }
+            AuthError::Forbidden { .. } => ApiError::Forbidden(error.to_string()),
+            AuthError::NotFound(_) => ApiError::TokenNotFound(error.to_string()),
+            AuthError::Invalid(_) => ApiError::InvalidToken(error.to_string()),
+            AuthError::Conflict(_) => ApiError::TokenConflict(error.to_string()),
+            AuthError::Store(store) => (&store).into(),
+        }
+    }
+}
+
+impl From<SignatureError> for ApiError {
+    fn from(error: SignatureError) -> Self {
+        ApiError::PolicyRefused {
+            check: Check::Signature,
+            detail: error.to_string(),
         }
     }
 }
@@ -354,7 +429,12 @@ impl IntoResponse for ApiError {
         let problem = self.problem();
         // A full disk refuses every write until space is freed: the writer says so once, not
         // once a request.
-        if problem.status >= 500 && !matches!(self, ApiError::InsufficientStorage(_)) {
+        // So does a flood past the in-flight bound (its counter is in /metrics).
+        let repeats = matches!(
+            self,
+            ApiError::InsufficientStorage(_) | ApiError::TooManyRequestsInFlight
+        );
+        if problem.status >= 500 && !repeats {
             tracing::error!(error = %self, "request failed");
         }
         let body = serde_json::to_vec(&problem).unwrap_or_default();
@@ -363,6 +443,12 @@ impl IntoResponse for ApiError {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(seconds) = self.retry_after_s() {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if matches!(self, ApiError::Unauthorized(_)) {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"sluice\""),
+            );
         }
         response
     }

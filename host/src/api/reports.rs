@@ -5,9 +5,11 @@
 use super::AppState;
 use super::batch::{BatchItem, BatchResponse};
 use super::extract::{Decoded, SMALL_BODY_BYTES, TaskIdPath, decode_json};
+use super::guard::Caller;
 use super::problem::ApiError;
+use crate::auth::Principal;
 use crate::engine::Report;
-use crate::model::{FailureClass, Task, TaskId};
+use crate::model::{FailureClass, Role, Task, TaskId, token_digest};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State as Shared;
@@ -46,34 +48,38 @@ pub struct FailRequest {
 
 pub async fn start(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Json<Task>, ApiError> {
-    token_report(&state, id, &headers, raw, Report::Start).await
+    token_report(&state, &caller, id, &headers, raw, Report::Start).await
 }
 
 pub async fn heartbeat(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Json<Task>, ApiError> {
-    token_report(&state, id, &headers, raw, Report::Heartbeat).await
+    token_report(&state, &caller, id, &headers, raw, Report::Heartbeat).await
 }
 
 pub async fn stopped(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Json<Task>, ApiError> {
-    token_report(&state, id, &headers, raw, Report::Stopped).await
+    token_report(&state, &caller, id, &headers, raw, Report::Stopped).await
 }
 
 /// A report whose body is only the lease token.
 async fn token_report(
     state: &AppState,
+    caller: &Principal,
     id: TaskId,
     headers: &HeaderMap,
     raw: Body,
@@ -85,6 +91,7 @@ async fn token_report(
     } = state
         .read_json::<TokenOnly>(headers, raw, SMALL_BODY_BYTES)
         .await?;
+    check_holder(state, caller, id, &request.lease_token)?;
     let task = state
         .scheduler
         .report(id, request.lease_token, report)
@@ -94,6 +101,7 @@ async fn token_report(
 
 pub async fn complete(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
     headers: HeaderMap,
     raw: Body,
@@ -106,6 +114,7 @@ pub async fn complete(
         .read_json::<CompleteRequest>(&headers, raw, limit)
         .await?;
     let result = bounded_result(request.result, state.limits.max_result_bytes)?;
+    check_holder(&state, &caller, id, &request.lease_token)?;
     let task = state
         .scheduler
         .report(id, request.lease_token, Report::Complete { result })
@@ -115,6 +124,7 @@ pub async fn complete(
 
 pub async fn fail(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
     headers: HeaderMap,
     raw: Body,
@@ -131,6 +141,7 @@ pub async fn fail(
         ));
     }
     let message = bounded_message(request.message);
+    check_holder(&state, &caller, id, &request.lease_token)?;
     let task = state
         .scheduler
         .report(
@@ -143,6 +154,35 @@ pub async fn fail(
         )
         .await?;
     Ok(Json(task))
+}
+
+/// A worker token reports only on the leases it was given: a lease of another worker's is
+/// answered as if the task did not exist. (A token no lease of the task has is left to the
+/// engine, which answers it as stale.)
+fn check_holder(
+    state: &AppState,
+    caller: &Principal,
+    id: TaskId,
+    lease_token: &str,
+) -> Result<(), ApiError> {
+    if caller.role != Role::Worker {
+        return Ok(());
+    }
+    let task = state.scheduler.task(id)?;
+    let holder = match &task.lease {
+        Some(lease) if lease.token == lease_token => Some(lease.worker.as_str()),
+        _ => {
+            let digest = token_digest(lease_token);
+            task.retired_leases
+                .iter()
+                .find(|retired| retired.token_sha256 == digest)
+                .map(|retired| retired.worker.as_str())
+        }
+    };
+    match holder {
+        Some(worker) if Some(worker) != caller.worker.as_deref() => Err(ApiError::TaskNotFound(id)),
+        _ => Ok(()),
+    }
 }
 
 /// A result within `limit` bytes serialized, or the refusal: results live in the task record,
@@ -243,6 +283,7 @@ pub struct BatchRequest {
 /// once), one durable write for all; each is judged and answered on its own, in order.
 pub async fn batch(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     headers: HeaderMap,
     raw: Body,
 ) -> Result<Json<BatchResponse>, ApiError> {
@@ -266,6 +307,10 @@ pub async fn batch(
         .map(|raw| {
             decode_json::<BatchItemRequest>(raw.get().as_bytes())
                 .and_then(|item| item.into_report(max_result_bytes))
+                .and_then(|(id, token, report)| {
+                    check_holder(&state, &caller, id, &token)?;
+                    Ok((id, token, report))
+                })
         })
         .collect();
     let scheduler = &state.scheduler;

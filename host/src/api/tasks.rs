@@ -3,8 +3,10 @@
 use super::AppState;
 use super::batch::{BatchItem, BatchResponse};
 use super::extract::{Decoded, TaskIdPath, decode_json, decode_query, read_json};
+use super::guard::Caller;
 use super::problem::ApiError;
-use crate::model::{Actor, Event, State, Task, TaskId, TaskSpec};
+use crate::auth::Principal;
+use crate::model::{Event, Role, State, Task, TaskId, TaskSpec};
 use crate::scheduler::{SubmitResult, Submitted};
 use crate::store::ListQuery;
 use axum::Json;
@@ -25,8 +27,34 @@ const LIST_SCAN_BUDGET: usize = 10_000;
 pub(super) const MAX_EVENTS_LIMIT: usize = 10_000;
 pub(super) const DEFAULT_EVENTS_LIMIT: usize = 1000;
 
+/// A device's task is its own: the device and tenant come from its token, whatever the body
+/// says.
+fn as_submitted_by(mut spec: TaskSpec, caller: &Principal) -> TaskSpec {
+    if caller.role == Role::Device {
+        if let Some(device) = &caller.device {
+            spec.device.clone_from(device);
+        }
+        if let Some(tenant) = &caller.tenant {
+            spec.tenant.clone_from(tenant);
+        }
+    }
+    spec
+}
+
+/// Task `id`, if `caller` may see it; another device's task is answered as missing, so ids
+/// do not leak.
+fn visible_task(state: &AppState, caller: &Principal, id: TaskId) -> Result<Task, ApiError> {
+    let task = state.scheduler.task(id)?;
+    if caller.sees(&task) {
+        Ok(task)
+    } else {
+        Err(ApiError::TaskNotFound(id))
+    }
+}
+
 pub async fn submit(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -41,7 +69,8 @@ pub async fn submit(
         &state.body_budget,
     )
     .await?;
-    let submission = spec.value.into_submission(header_key, &limits.task)?;
+    let submission =
+        as_submitted_by(spec.value, &caller).into_submission(header_key, &limits.task)?;
     let span = tracing::debug_span!(
         target: crate::telemetry::TASK_SPANS,
         "submit",
@@ -109,6 +138,7 @@ impl BatchItem {
 
 pub async fn submit_batch(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<BatchResponse>, ApiError> {
@@ -134,7 +164,8 @@ pub async fn submit_batch(
         .iter()
         .map(|raw| {
             decode_json::<TaskSpec>(raw.get().as_bytes()).and_then(|spec| {
-                spec.into_submission(None, &limits.task)
+                as_submitted_by(spec, &caller)
+                    .into_submission(None, &limits.task)
                     .map_err(ApiError::from)
             })
         })
@@ -161,9 +192,10 @@ pub struct TaskWithPayload {
 
 pub async fn get(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
 ) -> Result<Json<TaskWithPayload>, ApiError> {
-    let task = state.scheduler.task(id)?.without_token();
+    let task = visible_task(&state, &caller, id)?.without_token();
     let payload = stored_payload(&state, id)?;
     Ok(Json(TaskWithPayload { task, payload }))
 }
@@ -211,9 +243,14 @@ pub struct ListResponse {
 
 pub async fn list(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     RawQuery(query): RawQuery,
 ) -> Result<Json<ListResponse>, ApiError> {
-    let params: ListParams = decode_query(query.as_deref())?;
+    let mut params: ListParams = decode_query(query.as_deref())?;
+    if caller.role == Role::Device {
+        // A device lists only its own tasks, whatever it asks for.
+        params.device = caller.device.clone();
+    }
     let limit = page_limit(params.limit, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)?;
     let after = match params.after.as_deref() {
         Some(text) => Some(
@@ -235,7 +272,12 @@ pub async fn list(
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;
     Ok(Json(ListResponse {
-        tasks: page.tasks.into_iter().map(Task::without_token).collect(),
+        tasks: page
+            .tasks
+            .into_iter()
+            .filter(|task| caller.sees(task))
+            .map(Task::without_token)
+            .collect(),
         next_after: page.next_after,
     }))
 }
@@ -255,11 +297,13 @@ pub struct EventsResponse {
 
 pub async fn events(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
     RawQuery(query): RawQuery,
 ) -> Result<Json<EventsResponse>, ApiError> {
     let params: EventParams = decode_query(query.as_deref())?;
     let limit = page_limit(params.limit, DEFAULT_EVENTS_LIMIT, MAX_EVENTS_LIMIT)?;
+    visible_task(&state, &caller, id)?;
     let events = state
         .scheduler
         .events(id, params.after.unwrap_or(0), limit)?;
@@ -268,8 +312,10 @@ pub async fn events(
 
 pub async fn cancel(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
 ) -> Result<Json<Task>, ApiError> {
-    let task = state.scheduler.cancel(id, Actor::api()).await?;
+    visible_task(&state, &caller, id)?;
+    let task = state.scheduler.cancel(id, caller.actor()).await?;
     Ok(Json(task.without_token()))
 }

@@ -3,10 +3,12 @@
 
 use super::AppState;
 use super::extract::{Decoded, SMALL_BODY_BYTES, WorkerIdPath, decode_query};
+use super::guard::Caller;
 use super::problem::ApiError;
 use super::tasks::{DEFAULT_EVENTS_LIMIT, EventParams, MAX_EVENTS_LIMIT, page_limit};
+use crate::auth::Principal;
 use crate::engine::{NoClaim, WorkerView};
-use crate::model::{Actor, Heartbeat, Task, WorkerEvent};
+use crate::model::{Heartbeat, Task, WorkerEvent};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{RawQuery, State as Shared};
@@ -22,12 +24,26 @@ pub const MAX_CLAIM: usize = 64;
 /// joining a queue (a GPU released by another lease, say).
 const CLAIM_RECHECK: Duration = Duration::from_secs(1);
 
+/// A worker token acts only as its own worker.
+fn check_worker(caller: &Principal, worker: &str) -> Result<(), ApiError> {
+    if caller.acts_as_worker(worker) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(format!(
+            "this token is worker {}'s, not {worker}'s",
+            caller.worker.as_deref().unwrap_or("?")
+        )))
+    }
+}
+
 pub async fn heartbeat(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     WorkerIdPath(worker): WorkerIdPath,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<WorkerView>, ApiError> {
+    check_worker(&caller, &worker)?;
     let Decoded {
         value: heartbeat,
         _budget,
@@ -98,10 +114,12 @@ fn refusal(reason: &NoClaim) -> ClaimResponse {
 
 pub async fn claim(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     WorkerIdPath(worker): WorkerIdPath,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<ClaimResponse>, ApiError> {
+    check_worker(&caller, &worker)?;
     let limits = &state.limits;
     let Decoded {
         value: request,
@@ -208,16 +226,18 @@ pub async fn list(Shared(state): Shared<AppState>) -> Result<Json<WorkersRespons
 
 pub async fn reset(
     Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
     WorkerIdPath(worker): WorkerIdPath,
 ) -> Result<Json<WorkerView>, ApiError> {
     let mut views = state
         .scheduler
-        .reset_worker(worker.clone(), Actor::api())
+        .reset_worker(worker.clone(), caller.actor())
         .await?;
-    views
+    let view = views
         .pop()
-        .map(Json)
-        .ok_or(ApiError::WorkerNotFound(worker))
+        .ok_or(ApiError::WorkerNotFound(worker.clone()))?;
+    super::tokens::record(&state, &caller, "worker.reset", worker, None).await?;
+    Ok(Json(view))
 }
 
 #[derive(Serialize)]

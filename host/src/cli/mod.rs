@@ -11,6 +11,7 @@ mod policy;
 mod repair;
 mod serve;
 mod tasks;
+mod token;
 mod worker;
 
 use clap::{Parser, Subcommand};
@@ -43,7 +44,12 @@ enum Command {
         #[command(subcommand)]
         command: tasks::TaskCommand,
     },
-    /// Upload, activate, roll back and list policy components.
+    /// Issue, list and revoke bearer tokens; read the audit log.
+    Token {
+        #[command(subcommand)]
+        command: token::TokenCommand,
+    },
+    /// Upload, activate, roll back and list policy components; make keys and signatures.
     Policy {
         #[command(subcommand)]
         command: policy::PolicyCommand,
@@ -86,6 +92,7 @@ pub fn main() -> ExitCode {
             Command::Submit(args) => tasks::submit(args).await,
             Command::Task { command } => tasks::run(command).await,
             Command::Policy { command } => policy::run(command).await,
+            Command::Token { command } => token::run(command).await,
             Command::Worker(args) => worker::run_worker(args).await,
             Command::Bench { command } => bench::run(command).await,
             Command::Repair(args) => repair::run(args),

@@ -1,7 +1,9 @@
-//! `sluice policy upload|activate|rollback|list`: the policy registry from a shell.
+//! `sluice policy upload|activate|rollback|list|keygen|sign`: the policy registry from a
+//! shell, and the ed25519 keys and signatures a site's signed uploads need.
 
 use super::tasks::ServerArg;
 use anyhow::Context;
+use sluice::auth::signing;
 use sluice::client::Client;
 use sluice::policy::defaults;
 use std::path::PathBuf;
@@ -26,6 +28,29 @@ pub enum PolicyCommand {
         /// server's settings of the kind apply.
         #[arg(long = "config")]
         settings: Vec<String>,
+        /// The component's detached signature (`sluice policy sign` writes it), sent as the
+        /// Sluice-Signature header; without it, FILE.sig is sent when it exists.
+        #[arg(long)]
+        signature: Option<PathBuf>,
+    },
+    /// Make a signing key pair: the secret key to FILE (mode 0600), and the public key's line
+    /// for the server's `policy_signing_keys` to stdout.
+    Keygen {
+        /// The key's id, named in signatures and kept with each version it signs.
+        #[arg(long)]
+        id: String,
+        /// Where to write the secret key; refused if it exists.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Sign a component: writes COMPONENT.sig (or --out) for `policy upload`.
+    Sign {
+        /// The secret key file `policy keygen` wrote.
+        #[arg(long)]
+        key: PathBuf,
+        component: PathBuf,
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Make a version the active one (0 is the built-in version).
     Activate {
@@ -56,6 +81,7 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             file,
             builtin,
             settings,
+            signature,
         } => {
             let component = match (&file, &builtin) {
                 (_, Some(name)) => defaults::by_name(name)
@@ -69,10 +95,27 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
                 (None, None) => anyhow::bail!("give a component file or --builtin NAME"),
             };
             let config = (!settings.is_empty()).then(|| settings.join("\n"));
+            let signature_file = signature.or_else(|| {
+                let beside = signature_beside(file.as_ref()?);
+                beside.exists().then_some(beside)
+            });
+            let signature = match &signature_file {
+                Some(path) => Some(
+                    std::fs::read_to_string(path)
+                        .with_context(|| format!("cannot read the signature {}", path.display()))?,
+                ),
+                None => None,
+            };
             client(&server)?
-                .upload_policy(&kind, component, config.as_deref())
+                .upload_policy(&kind, component, config.as_deref(), signature.as_deref())
                 .await?
         }
+        PolicyCommand::Keygen { id, out } => return keygen(&id, &out),
+        PolicyCommand::Sign {
+            key,
+            component,
+            out,
+        } => return sign(&key, &component, out),
         PolicyCommand::Activate {
             server,
             kind,
@@ -86,5 +129,49 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
 }
 
 fn client(server: &ServerArg) -> anyhow::Result<Client> {
-    Ok(Client::new(&server.server)?)
+    server.client()
+}
+
+/// `FILE.sig`: where `policy sign` writes a component's signature and `policy upload` looks.
+fn signature_beside(component: &std::path::Path) -> PathBuf {
+    let mut name = component.as_os_str().to_owned();
+    name.push(".sig");
+    PathBuf::from(name)
+}
+
+fn keygen(id: &str, out: &std::path::Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let (secret, public_key) = signing::generate(id)?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .with_context(|| format!("cannot create the key file {}", out.display()))?;
+    file.write_all(secret.as_bytes())?;
+    file.sync_all()?;
+    outln!(
+        "# the secret key is in {}; give the server this line:",
+        out.display()
+    )?;
+    outln!("policy_signing_keys = [{{ id = \"{id}\", public_key = \"{public_key}\" }}]")?;
+    Ok(())
+}
+
+fn sign(
+    key: &std::path::Path,
+    component: &std::path::Path,
+    out: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let key_file = std::fs::read_to_string(key)
+        .with_context(|| format!("cannot read the key file {}", key.display()))?;
+    let module = std::fs::read(component)
+        .with_context(|| format!("cannot read the component {}", component.display()))?;
+    let signature = signing::sign(&key_file, &module)?;
+    let out = out.unwrap_or_else(|| signature_beside(component));
+    std::fs::write(&out, format!("{signature}\n"))
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    outln!("{}", out.display())?;
+    Ok(())
 }

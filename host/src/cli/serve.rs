@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use sluice::config::{FileConfig, Overrides, ServeConfig};
-use sluice::server::Server;
+use sluice::server::{AuthMode, Server};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -50,6 +50,23 @@ pub struct ServeArgs {
     /// system's roots [default: none]
     #[arg(long, env = "SLUICE_CALLBACK_CA_FILE")]
     callback_ca_file: Option<PathBuf>,
+    /// Serve without auth even on a non-loopback address: anyone who reaches the port is an
+    /// admin. Warned at every start. (The bootstrap admin token is read from the
+    /// SLUICE_ADMIN_TOKEN variable only, never from a flag, so it stays out of `ps`.)
+    #[arg(long)]
+    insecure_no_auth: bool,
+    /// A PEM certificate chain: serve https with it (and --tls-key); SIGHUP reloads both
+    #[arg(long, env = "SLUICE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert
+    #[arg(long, env = "SLUICE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Each device token's sustained request rate, per second [default: 100]
+    #[arg(long, env = "SLUICE_DEVICE_RATE_PER_S")]
+    device_rate_per_s: Option<u32>,
+    /// How many requests a device token may send at once above its rate [default: 200]
+    #[arg(long, env = "SLUICE_DEVICE_BURST")]
+    device_burst: Option<u32>,
     /// A policy setting, kind.name=value (e.g. retry.initial_delay_ms=100); repeatable.
     /// Overrides the same setting in the file's [policies.<kind>] table.
     #[arg(long = "policy-config")]
@@ -74,6 +91,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         retention_ms: args.retention_ms,
         callback_allow: args.callback_allow,
         policy_settings: args.policy_settings,
+        admin_token: std::env::var("SLUICE_ADMIN_TOKEN")
+            .ok()
+            .filter(|token| !token.is_empty()),
+        insecure_no_auth: args.insecure_no_auth,
+        tls_cert: args.tls_cert,
+        tls_key: args.tls_key,
+        device_rate_per_s: args.device_rate_per_s,
+        device_burst: args.device_burst,
     };
     let config = ServeConfig::resolve(file, overrides)?;
     let data_dir = config.data_dir.display().to_string();
@@ -85,10 +110,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let address = listener.local_addr()?;
-    tracing::info!(%address, data_dir, "ready");
-    // The one line on stdout: tools and tests read the bound address from it.
+    let auth = match server.auth_mode() {
+        AuthMode::Tokens => "auth: bearer tokens",
+        AuthMode::Open => "auth: off (loopback, no token configured)",
+        AuthMode::Disabled => "auth: DISABLED by --insecure-no-auth",
+    };
+    tracing::info!(%address, data_dir, auth, "ready");
+    // The one line on stdout: tools and tests read the bound address from its first word
+    // after `listening on`.
     let mut stdout = std::io::stdout();
-    writeln!(stdout, "listening on http://{address}")?;
+    writeln!(
+        stdout,
+        "listening on {}://{address} ({auth})",
+        server.scheme()
+    )?;
     stdout.flush()?;
     server.run(listener, shutdown_signal()).await?;
     Ok(())

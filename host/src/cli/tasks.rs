@@ -11,6 +11,30 @@ pub struct ServerArg {
     /// The Sluice server.
     #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7700")]
     pub server: String,
+    /// The bearer token to send (prefer the variable: a flag shows in `ps`).
+    #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// A PEM file of CA certificates the server's https certificate may be signed by.
+    #[arg(long, env = "SLUICE_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
+}
+
+impl ServerArg {
+    /// A client of the server with these credentials.
+    pub fn client(&self) -> anyhow::Result<Client> {
+        let ca_cert_pem = match &self.ca_cert {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .with_context(|| format!("cannot read --ca-cert {}", path.display()))?,
+            ),
+            None => None,
+        };
+        let credentials = sluice::client::Credentials {
+            token: self.token.clone(),
+            ca_cert_pem,
+        };
+        Ok(Client::connect(&self.server, 16, &credentials)?)
+    }
 }
 
 #[derive(clap::Args)]
@@ -128,7 +152,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
             gpu_memory_mb: args.gpu_memory_mb,
         },
     };
-    let answer = Client::new(&args.server.server)?.submit(&spec).await?;
+    let answer = args.server.client()?.submit(&spec).await?;
     if answer.replayed {
         eprintln!("note: the key already named this task; nothing new was created");
     }
@@ -137,7 +161,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
 
 pub async fn run(command: TaskCommand) -> anyhow::Result<()> {
     let value = match command {
-        TaskCommand::Get { server, id } => Client::new(&server.server)?.task(&id).await?,
+        TaskCommand::Get { server, id } => server.client()?.task(&id).await?,
         TaskCommand::List {
             server,
             state,
@@ -164,10 +188,10 @@ pub async fn run(command: TaskCommand) -> anyhow::Result<()> {
                 }
                 query.push(("limit", limit.to_string()));
             }
-            Client::new(&server.server)?.list(&query).await?
+            server.client()?.list(&query).await?
         }
-        TaskCommand::Events { server, id } => Client::new(&server.server)?.events(&id).await?,
-        TaskCommand::Cancel { server, id } => Client::new(&server.server)?.cancel(&id).await?,
+        TaskCommand::Events { server, id } => server.client()?.events(&id).await?,
+        TaskCommand::Cancel { server, id } => server.client()?.cancel(&id).await?,
     };
     print_json(&value)
 }

@@ -3,7 +3,6 @@
 //! until SIGTERM or SIGINT, after which it finishes what it holds.
 
 use anyhow::Context;
-use sluice::client::Client;
 use sluice::engine::SHARD_LABEL;
 use sluice::model::{FailureClass, Gpu, Heartbeat};
 use sluice::vector::{ShardIndex, ShardPart, VectorExecutor, read_vectors};
@@ -15,9 +14,8 @@ use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct WorkerArgs {
-    /// The Sluice server, e.g. http://127.0.0.1:7700
-    #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7700")]
-    server: String,
+    #[command(flatten)]
+    server: super::tasks::ServerArg,
     /// This worker's id (letters, digits and . _ - : / @)
     #[arg(long)]
     id: String,
@@ -106,7 +104,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         max_concurrency: args.max_concurrency.unwrap_or(args.gpus.max(1) as u32),
         queue_depth: 0,
     };
-    let client = Client::new(&args.server)?;
+    let client = args.server.client()?;
     let shutdown = super::serve::shutdown_signal();
     let stats = match &args.vectors {
         Some(path) => {
@@ -118,7 +116,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 heartbeat.kinds.push("vector.search".to_owned());
             }
             heartbeat.validate().context("worker settings")?;
-            tracing::info!(worker = %args.id, server = %args.server, vectors = index.len(), holds = %index.holds(), "vector worker started");
+            tracing::info!(worker = %args.id, server = %args.server.server, vectors = index.len(), holds = %index.holds(), "vector worker started");
             let executor = Arc::new(VectorExecutor {
                 index: Arc::new(index),
                 delay_ms: args.exec_ms.unwrap_or(0),
@@ -136,7 +134,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
                 args.seed,
             ));
             let config = WorkerConfig::new(args.id.clone(), heartbeat);
-            tracing::info!(worker = %args.id, server = %args.server, "worker started");
+            tracing::info!(worker = %args.id, server = %args.server.server, "worker started");
             run(client, config, executor, shutdown).await?
         }
     };

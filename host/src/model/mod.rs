@@ -1,7 +1,8 @@
 //! The task model: identifiers, priorities, the state machine table, task records, events and
 //! submissions; workers' heartbeats; the records of policy versions; and the vector-search
-//! payloads that split and merge read.
+//! payloads that split and merge read; tokens' records and the audit log.
 
+mod access;
 mod change;
 mod destination;
 mod event;
@@ -16,6 +17,7 @@ mod task;
 mod vector;
 mod worker;
 
+pub use access::{AuditEvent, Role, TokenRecord};
 pub use change::{Change, KeyRecord, NewTask, Recovery, TaskWrite};
 pub use destination::{CallbackAllow, is_local_name, is_public};
 pub use event::{Actor, Event};
@@ -26,7 +28,7 @@ pub use policy::{
 };
 pub use priority::Priority;
 pub use queue_entry::{QueueEntry, from_bucket, to_bucket, view as task_view};
-pub use spec::{Limits, Resources, Submission, TaskSpec, ValidationError};
+pub use spec::{Limits, Resources, Submission, TaskSpec, ValidationError, check_name};
 pub use state::{IllegalTransition, State};
 pub use task::{
     Admission, Callback, Family, FamilyPart, Lease, MAX_RETIRED_LEASES, RetiredLease, Task,

@@ -75,6 +75,9 @@ pub struct PolicyVersion {
     pub config: String,
     pub size_bytes: u64,
     pub uploaded_at_ms: u64,
+    /// The id of the trusted key whose signature the upload carried, when keys are set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,4 +102,7 @@ pub struct PolicyEvent {
     pub at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// On an upload: the id of the key that signed the component.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
 }

@@ -101,7 +101,7 @@ pub(super) fn field(field: &'static str, reason: impl Into<String>) -> Validatio
     }
 }
 
-pub(super) fn check_name(name: &'static str, value: &str) -> Result<(), ValidationError> {
+pub fn check_name(name: &'static str, value: &str) -> Result<(), ValidationError> {
     if value.is_empty() || value.len() > MAX_NAME_LEN {
         return Err(field(name, format!("must be 1 to {MAX_NAME_LEN} bytes")));
     }

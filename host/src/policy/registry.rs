@@ -37,6 +37,8 @@ pub enum Check {
     Config,
     Init,
     Conformance,
+    /// The upload's signature is missing, malformed, by an unknown key, or does not match.
+    Signature,
 }
 
 impl std::fmt::Display for Check {
@@ -254,6 +256,19 @@ impl PolicyRegistry {
         config: Option<String>,
         now_ms: u64,
     ) -> Result<Uploaded, RegistryError> {
+        self.upload_signed(kind, bytes, config, None, now_ms)
+    }
+
+    /// `upload`, keeping the id of the key whose signature the caller checked with the
+    /// version and its event.
+    pub fn upload_signed(
+        &self,
+        kind: Kind,
+        bytes: &[u8],
+        config: Option<String>,
+        signed_by: Option<String>,
+        now_ms: u64,
+    ) -> Result<Uploaded, RegistryError> {
         let config = config.unwrap_or_else(|| self.builtins[&kind].config.clone());
         if config.len() > MAX_CONFIG_BYTES {
             return Err(RegistryError::Refused {
@@ -288,6 +303,7 @@ impl PolicyRegistry {
             config,
             size_bytes: bytes.len() as u64,
             uploaded_at_ms: now_ms,
+            signed_by: signed_by.clone(),
         };
         let event = PolicyEvent {
             seq: 0,
@@ -297,6 +313,7 @@ impl PolicyRegistry {
             from: None,
             at_ms: now_ms,
             reason: None,
+            signed_by,
         };
         self.catalog.add_version(&version, bytes, event)?;
         tracing::info!(%kind, version = version.version, sha256 = %version.sha256, "policy version stored");
@@ -354,6 +371,7 @@ impl PolicyRegistry {
                     from: Some(current),
                     at_ms: now_ms,
                     reason: None,
+                    signed_by: None,
                 },
             )?;
             tracing::info!(%kind, version, from = current, "policy activated");
@@ -381,6 +399,7 @@ impl PolicyRegistry {
                 from: Some(current),
                 at_ms: now_ms,
                 reason: None,
+                signed_by: None,
             },
         )?;
         tracing::info!(%kind, version = restored, from = current, "policy rolled back");

@@ -273,6 +273,7 @@ impl<P: Policy> Slot<P> {
                     from: Some(faulty.version),
                     at_ms: now_ms,
                     reason: Some(reason),
+                    signed_by: None,
                 },
             )
         });

@@ -5,11 +5,11 @@
 
 pub mod sled;
 
-pub use self::sled::{Repair, SledOptions, SledStore};
+pub use self::sled::{MAX_AUDIT_EVENTS, Repair, SledOptions, SledStore};
 
 use crate::model::{
-    Change, Event, KeyRecord, PolicyEvent, PolicyKind, PolicyVersion, Recovery, State, Task,
-    TaskId, WorkerEvent,
+    AuditEvent, Change, Event, KeyRecord, PolicyEvent, PolicyKind, PolicyVersion, Recovery, State,
+    Task, TaskId, TokenRecord, WorkerEvent,
 };
 
 /// The free space a store keeps on its disk by default, refusing writes below it: several times
@@ -167,4 +167,19 @@ pub trait PolicyCatalog: Send + Sync + 'static {
     /// Compiled code cached under `cache_key`; a cache, so losing it costs only a recompile.
     fn compiled(&self, cache_key: &str) -> Result<Option<Vec<u8>>, StoreError>;
     fn put_compiled(&self, cache_key: &str, code: &[u8]) -> Result<(), StoreError>;
+}
+
+/// Tokens (by id, holding only their hashes) and the audit log of admin actions. Every write
+/// is atomic and durable when it returns, so an issued token survives a crash and a revoked
+/// one stays revoked.
+pub trait AccessCatalog: Send + Sync + 'static {
+    /// Every token ever issued, revoked ones included, in id order.
+    fn tokens(&self) -> Result<Vec<TokenRecord>, StoreError>;
+    /// Stores (or replaces) a token's record and logs why, as one write. The event's `seq` is
+    /// assigned here.
+    fn put_token(&self, token: &TokenRecord, event: AuditEvent) -> Result<AuditEvent, StoreError>;
+    /// Logs an admin action that changed something elsewhere (a policy, a worker).
+    fn append_audit(&self, event: AuditEvent) -> Result<AuditEvent, StoreError>;
+    /// The audit log after `after_seq`, oldest first, at most `limit`.
+    fn audit_after(&self, after_seq: u64, limit: usize) -> Result<Vec<AuditEvent>, StoreError>;
 }

@@ -42,7 +42,11 @@ impl ChildServer {
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
         let ready_after = started.elapsed();
-        let Some(url) = line.trim().strip_prefix("listening on ") else {
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|rest| rest.split_whitespace().next());
+        let Some(url) = url else {
             let _ = child.kill();
             bail!(
                 "sluice serve did not announce its address (got `{}`)",

@@ -12,6 +12,7 @@
 //! when that is small. A submission thus writes three keys (task, idempotency key, state index)
 //! and a share of one block: sled's cost is per key.
 
+mod access;
 mod keys;
 mod listing;
 mod materializer;
@@ -25,6 +26,8 @@ mod space;
 mod util;
 mod wal;
 mod wal_file;
+
+pub use access::MAX_AUDIT_EVENTS;
 
 use crate::model::{
     Change, Event, KeyRecord, QueueEntry, Recovery, State, Task, TaskId, WorkerEvent,
@@ -75,10 +78,14 @@ impl Default for SledOptions {
 
 const TREE_NAME: &str = "tasks";
 const POLICY_TREE_NAME: &str = "policies";
+const ACCESS_TREE_NAME: &str = "access";
 
 pub struct SledStore {
     shared: Arc<Shared>,
     pub(super) policies: sled::Tree,
+    pub(super) access: sled::Tree,
+    /// Held while an audited write picks its seq and applies.
+    access_writes: Mutex<()>,
     materializer: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -116,6 +123,7 @@ impl SledStore {
             .map_err(open_error)?;
         let tree = db.open_tree(TREE_NAME)?;
         let policies = db.open_tree(POLICY_TREE_NAME)?;
+        let access = db.open_tree(ACCESS_TREE_NAME)?;
         let data_file = if options.fdatasync {
             Some(File::open(dir.join("db"))?)
         } else {
@@ -160,6 +168,8 @@ impl SledStore {
         Ok(SledStore {
             shared,
             policies,
+            access,
+            access_writes: Mutex::new(()),
             materializer,
         })
     }
