@@ -1,6 +1,7 @@
 //! The status page in a real browser: headless Chromium, driven over WebDriver by
 //! chromedriver, against a running server. It must show the queues, follow the event log
-//! live, and show a task's timeline on lookup; the test saves a screenshot.
+//! live, and show a task's timeline on lookup; the test saves a screenshot. With auth on, it
+//! asks for a token first, keeps it for the tab, and streams the log with it.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them). Without them the
 //! test says so and passes, unless `SLUICE_REQUIRE_BROWSER=1` (set by `.ci/run`) makes it fail.
@@ -130,17 +131,23 @@ async fn submit(client: &reqwest::Client, server: &Server, priority: &str) -> St
     answer.body["id"].as_str().unwrap().to_owned()
 }
 
+/// Whether the browser is missing (the test then passes, unless `SLUICE_REQUIRE_BROWSER=1`).
+fn no_browser() -> bool {
+    if Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists() {
+        return false;
+    }
+    let required = std::env::var("SLUICE_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "SLUICE_REQUIRE_BROWSER=1 but {CHROMIUM} or {CHROMEDRIVER} is missing: apt-get install chromium chromium-driver"
+    );
+    eprintln!("SKIPPED: no {CHROMIUM} / {CHROMEDRIVER} (apt-get install chromium chromium-driver)");
+    true
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_shows_queues_live_events_and_a_task_timeline_in_chromium() {
-    if !Path::new(CHROMIUM).exists() || !Path::new(CHROMEDRIVER).exists() {
-        let required = std::env::var("SLUICE_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "SLUICE_REQUIRE_BROWSER=1 but {CHROMIUM} or {CHROMEDRIVER} is missing: apt-get install chromium chromium-driver"
-        );
-        eprintln!(
-            "SKIPPED: no {CHROMIUM} / {CHROMEDRIVER} (apt-get install chromium chromium-driver)"
-        );
+    if no_browser() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -272,5 +279,87 @@ async fn the_status_page_shows_queues_live_events_and_a_task_timeline_in_chromiu
     let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
     std::fs::write(&shot, &png).expect("save the screenshot");
     println!("status page screenshot: {}", shot.display());
+    page.close().await.expect("end the browser session");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_on_the_status_page_asks_for_a_viewer_token_and_streams_with_it() {
+    if no_browser() {
+        return;
+    }
+    const ROOT: &str = "root-token-for-the-page-test";
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::launch(
+        &dir.path().join("data"),
+        &[],
+        &[("SLUICE_ADMIN_TOKEN", ROOT)],
+        None,
+    );
+    let admin = http_as(ROOT);
+    let (viewer, _) = issue_token(&admin, &server, &json!({"role": "viewer"})).await;
+    for priority in ["urgent", "urgent", "low"] {
+        submit(&admin, &server, priority).await;
+    }
+
+    let driver = start_driver().await;
+    let page = browser(&driver, &dir.path().join("chromium-profile")).await;
+    page.goto(&server.endpoint("/"))
+        .await
+        .expect("open the status page");
+    page.wait()
+        .for_element(Locator::Css("#token-form:not([hidden])"))
+        .await
+        .expect("the page asks for a token");
+    wait_for_text(&page, "#health", "needs a token").await;
+    assert_eq!(
+        page.find(Locator::Id("queue-urgent"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "–"
+    );
+
+    let input = page.find(Locator::Id("token-input")).await.unwrap();
+    input.send_keys(&viewer).await.unwrap();
+    page.find(Locator::Id("token-go"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for_text(&page, "#queue-urgent", "2").await;
+    wait_for_text(&page, "#queue-low", "1").await;
+    wait_for_text(&page, "#health", "ready").await;
+    wait_for_text(&page, "#stream-state", "live").await;
+    page.wait()
+        .for_element(Locator::Css("#policies-forbidden:not([hidden])"))
+        .await
+        .expect("a viewer is told policies are for admins");
+    let late = submit(&admin, &server, "urgent").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !texts(&page, "#events li")
+        .await
+        .iter()
+        .any(|line| line.contains(&late))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the new task's events did not stream in"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The token stays in the tab: a reload does not ask again.
+    page.refresh().await.unwrap();
+    wait_for_text(&page, "#queue-urgent", "3").await;
+    let form_hidden = page
+        .find(Locator::Id("token-form"))
+        .await
+        .unwrap()
+        .attr("hidden")
+        .await
+        .unwrap();
+    assert!(form_hidden.is_some(), "the page asked for the token again");
     page.close().await.expect("end the browser session");
 }

@@ -1,5 +1,6 @@
 // The status page: polls the JSON API the CLI uses and follows the event log live.
-// Data is only ever written with textContent, never as HTML.
+// Data is only ever written with textContent, never as HTML. When the server asks for a
+// token (401), the page asks for one and keeps it in this tab's session storage only.
 "use strict";
 
 const BUCKETS = ["urgent", "normal", "low"];
@@ -32,14 +33,43 @@ function duration(ms) {
   return `${(s / 3600).toFixed(1)} h`;
 }
 
+const TOKEN_KEY = "sluice-token";
+
+function authHeaders() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? { authorization: `Bearer ${token}` } : {};
+}
+
+// Shows the token form, with why it is asked for.
+function askForToken(reason) {
+  $("token-form").hidden = false;
+  const error = $("token-error");
+  error.textContent = reason || "";
+  error.hidden = !reason;
+  setHealth("needs a token", "warn");
+}
+
+class HttpError extends Error {
+  constructor(message, status) {
+    super(message);
+    this.status = status;
+  }
+}
+
 async function getJson(path) {
-  const response = await fetch(path, { headers: { accept: "application/json" } });
+  const response = await fetch(path, { headers: { accept: "application/json", ...authHeaders() } });
   const body = await response.json().catch(() => null);
   if (!response.ok) {
     const detail = body && (body.detail || body.title);
-    throw new Error(detail || `${path}: HTTP ${response.status}`);
+    if (response.status === 401) askForToken(sessionStorage.getItem(TOKEN_KEY) ? detail : "");
+    throw new HttpError(detail || `${path}: HTTP ${response.status}`, response.status);
   }
   return body;
+}
+
+// A reader whose token may not see a part (a viewer and the policies) gets null for it.
+function unlessForbidden(request) {
+  return request.catch((error) => (error.status === 403 ? null : Promise.reject(error)));
 }
 
 function renderStats(stats) {
@@ -81,7 +111,8 @@ function renderWorkers(workers) {
 function renderPolicies(policies) {
   const body = $("policies").tBodies[0];
   body.replaceChildren();
-  for (const policy of policies) {
+  $("policies-forbidden").hidden = policies !== null;
+  for (const policy of policies || []) {
     const row = document.createElement("tr");
     cell(row, policy.kind);
     cell(row, policy.active_version === 0 ? "0 (built-in)" : String(policy.active_version), "num");
@@ -102,17 +133,17 @@ async function poll() {
     const [stats, workers, policies, ready] = await Promise.all([
       getJson("/v1/stats"),
       getJson("/v1/workers"),
-      getJson("/v1/policies"),
-      fetch("/readyz").then((r) => r.ok),
+      unlessForbidden(getJson("/v1/policies")),
+      fetch("/readyz", { headers: authHeaders() }).then((r) => r.ok),
     ]);
     renderStats(stats);
     renderWorkers(workers.workers);
-    renderPolicies(policies.policies);
+    renderPolicies(policies && policies.policies);
     setHealth(ready ? "ready" : "draining", ready ? "ok" : "warn");
     text("updated", new Date().toLocaleTimeString());
     return stats;
   } catch (error) {
-    setHealth("unreachable", "bad");
+    if (error.status !== 401) setHealth("unreachable", "bad");
     return null;
   }
 }
@@ -126,20 +157,79 @@ function eventLine(event, withTask = true) {
   return `#${event.seq} ${at}${task} ${from} → ${event.to} by ${event.actor}${detail}`;
 }
 
-function followEvents(afterSeq) {
+function setStream(label, className) {
+  $("stream-state").textContent = label;
+  $("stream-state").className = `pill ${className}`;
+}
+
+function showEvent(event) {
   const list = $("events");
-  const source = new EventSource(`/v1/events?after=${afterSeq}`);
-  source.onopen = () => { $("stream-state").textContent = "live"; $("stream-state").className = "pill ok"; };
-  source.onerror = () => { $("stream-state").textContent = "reconnecting"; $("stream-state").className = "pill warn"; };
-  source.addEventListener("transition", (message) => {
-    const event = JSON.parse(message.data);
-    const item = document.createElement("li");
-    item.textContent = eventLine(event);
-    item.dataset.seq = String(event.seq);
-    item.addEventListener("click", () => lookup(event.task_id));
-    list.prepend(item);
-    while (list.children.length > MAX_EVENTS_SHOWN) list.lastElementChild.remove();
-  });
+  const item = document.createElement("li");
+  item.textContent = eventLine(event);
+  item.dataset.seq = String(event.seq);
+  item.addEventListener("click", () => lookup(event.task_id));
+  list.prepend(item);
+  while (list.children.length > MAX_EVENTS_SHOWN) list.lastElementChild.remove();
+}
+
+// One Server-Sent Events message: its `event` name and its `data`.
+function parseMessage(block) {
+  const message = { event: "message", data: "" };
+  for (const line of block.split("\n")) {
+    const colon = line.indexOf(":");
+    if (colon <= 0) continue;
+    const field = line.slice(0, colon);
+    const value = line.slice(colon + 1).replace(/^ /, "");
+    if (field === "event") message.event = value;
+    if (field === "data") message.data += value;
+  }
+  return message;
+}
+
+// Follows the event log as Server-Sent Events, read with fetch rather than EventSource so the
+// token goes in a header (never in the URL, where logs would keep it). Reconnects from the
+// last event seen.
+let following = null;
+async function followEvents(afterSeq) {
+  if (following) following.abort();
+  const controller = new AbortController();
+  following = controller;
+  let after = afterSeq;
+  while (!controller.signal.aborted) {
+    try {
+      const response = await fetch(`/v1/events?after=${after}`, {
+        headers: { accept: "text/event-stream", ...authHeaders() },
+        signal: controller.signal,
+      });
+      if (response.status === 401) {
+        setStream("off", "");
+        if (following === controller) following = null;
+        return;
+      }
+      if (!response.ok || !response.body) throw new Error(`HTTP ${response.status}`);
+      setStream("live", "ok");
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value.replace(/\r\n/g, "\n");
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const message = parseMessage(buffer.slice(0, end));
+          buffer = buffer.slice(end + 2);
+          if (message.event !== "transition" || !message.data) continue;
+          const event = JSON.parse(message.data);
+          after = Math.max(after, event.seq);
+          showEvent(event);
+        }
+      }
+    } catch (error) {
+      if (controller.signal.aborted) return;
+    }
+    setStream("reconnecting", "warn");
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
 }
 
 async function lookup(id) {
@@ -185,15 +275,33 @@ async function lookup(id) {
   }
 }
 
+// Polls, and follows the log once a poll succeeds (with a token, when one is needed).
+async function begin() {
+  const stats = await poll();
+  if (!stats) return;
+  const last = stats.last_event_seq || 0;
+  followEvents(Math.max(0, last - MAX_EVENTS_SHOWN));
+}
+
 async function start() {
   $("lookup").addEventListener("submit", (submit) => {
     submit.preventDefault();
     lookup($("lookup-id").value);
   });
-  const stats = await poll();
-  const last = stats ? stats.last_event_seq : 0;
-  followEvents(Math.max(0, last - MAX_EVENTS_SHOWN));
-  setInterval(poll, POLL_MS);
+  $("token-form").addEventListener("submit", (submit) => {
+    submit.preventDefault();
+    const token = $("token-input").value.trim();
+    if (!token) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    $("token-input").value = "";
+    $("token-form").hidden = true;
+    begin();
+  });
+  await begin();
+  setInterval(async () => {
+    const stats = await poll();
+    if (stats && !following) begin();
+  }, POLL_MS);
 }
 
 start();
