@@ -7,13 +7,13 @@ use serde::Serialize;
 use std::future::Future;
 
 /// A batch's answer: one result per item, in order.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct BatchResponse {
     pub results: Vec<BatchItem>,
 }
 
 /// One item's answer: the status it would have had alone, and its task or its problem.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct BatchItem {
     status: u16,
     #[serde(skip_serializing_if = "Option::is_none")]

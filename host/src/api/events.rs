@@ -27,7 +27,7 @@ const MAX_PAGE: usize = 1000;
 /// Events a stream reads from the store at a time.
 const STREAM_PAGE: usize = 256;
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct LogPage {
     events: Vec<Event>,
     /// Pass as `after` for the next page.
@@ -39,6 +39,11 @@ pub struct LogPage {
     first_seq: u64,
 }
 
+/// The global event log after `after`: one JSON page, or with `Accept: text/event-stream` a
+/// stream of Server-Sent Events (`event: transition`, `id: SEQ`) that follows it live.
+#[utoipa::path(get, path = "/v1/events", tag = "operations",
+    params(EventParams),
+    responses((status = 200, description = "A page of the log", body = LogPage)))]
 pub async fn follow(
     State(state): State<AppState>,
     headers: HeaderMap,

@@ -7,6 +7,10 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
+/// Every metric in the OpenMetrics text format.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "OpenMetrics text", body = String,
+        content_type = "application/openmetrics-text")))]
 pub async fn scrape(State(state): State<AppState>) -> Result<Response, ApiError> {
     let workers = state.scheduler.workers().await?;
     let policies = state.policies.list();

@@ -6,6 +6,7 @@ mod events;
 mod extract;
 pub mod guard;
 mod metrics;
+mod openapi;
 mod policies;
 mod problem;
 mod reports;
@@ -28,13 +29,15 @@ use crate::telemetry::{self, Metrics};
 use axum::Router;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::get;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// Request bounds of the API.
 #[derive(Clone, Debug)]
@@ -183,40 +186,29 @@ pub fn router(state: AppState) -> Router {
             state.limits.max_requests_in_flight,
         ))
         .timeout(state.limits.request_timeout);
+    let (documented, doc) = documented_routes().split_for_parts();
+    let document: Arc<str> = openapi::document(doc)
+        .map(|json| json.to_string())
+        .unwrap_or_else(|e| {
+            format!("{{\"error\": \"the API document could not be encoded: {e}\"}}")
+        })
+        .into();
     Router::new()
         .route("/", get(status_page::index))
         .route("/assets/{file}", get(status_page::asset))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics::scrape))
-        .route("/v1/stats", get(stats))
-        .route("/v1/events", get(events::follow))
-        .route("/v1/tasks", post(tasks::submit).get(tasks::list))
-        .route("/v1/tasks:batch", post(tasks::submit_batch))
-        .route("/v1/tasks/{id}", get(tasks::get))
-        .route("/v1/tasks/{id}/events", get(tasks::events))
-        .route("/v1/tasks/{id}/cancel", post(tasks::cancel))
-        .route("/v1/tasks/{id}/start", post(reports::start))
-        .route("/v1/tasks/{id}/heartbeat", post(reports::heartbeat))
-        .route("/v1/tasks/{id}/complete", post(reports::complete))
-        .route("/v1/tasks/{id}/fail", post(reports::fail))
-        .route("/v1/tasks/{id}/stopped", post(reports::stopped))
-        .route("/v1/reports", post(reports::batch))
-        .route("/v1/workers", get(workers::list))
-        .route("/v1/workers/{id}/heartbeat", post(workers::heartbeat))
-        .route("/v1/workers/{id}/claim", post(workers::claim))
-        .route("/v1/workers/{id}/reset", post(workers::reset))
-        .route("/v1/worker-events", get(workers::events))
-        .route("/v1/policies", get(policies::list))
         .route(
-            "/v1/policies/{kind}",
-            put(policies::upload).get(policies::detail),
+            "/v1/openapi.json",
+            get(move || {
+                let document = document.clone();
+                async move {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        document.to_string(),
+                    )
+                }
+            }),
         )
-        .route("/v1/policies/{kind}/activate", post(policies::activate))
-        .route("/v1/policies/{kind}/rollback", post(policies::rollback))
-        .route("/v1/tokens", post(tokens::issue).get(tokens::list))
-        .route("/v1/tokens/{id}", axum::routing::delete(tokens::revoke))
-        .route("/v1/audit", get(tokens::audit))
+        .merge(documented)
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -236,10 +228,55 @@ pub fn router(state: AppState) -> Router {
         .layer(TraceLayer::new_for_http().on_failure(()))
 }
 
+/// Every documented route, mounted from its handler's `#[utoipa::path]`: the router and the
+/// API document come from the same place.
+fn documented_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::base())
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics::scrape))
+        .routes(routes!(stats))
+        .routes(routes!(events::follow))
+        .routes(routes!(tasks::submit, tasks::list))
+        .routes(routes!(tasks::submit_batch))
+        .routes(routes!(tasks::get))
+        .routes(routes!(tasks::events))
+        .routes(routes!(tasks::cancel))
+        .routes(routes!(reports::start))
+        .routes(routes!(reports::heartbeat))
+        .routes(routes!(reports::complete))
+        .routes(routes!(reports::fail))
+        .routes(routes!(reports::stopped))
+        .routes(routes!(reports::batch))
+        .routes(routes!(workers::list))
+        .routes(routes!(workers::heartbeat))
+        .routes(routes!(workers::claim))
+        .routes(routes!(workers::reset))
+        .routes(routes!(workers::events))
+        .routes(routes!(policies::list))
+        .routes(routes!(policies::upload, policies::detail))
+        .routes(routes!(policies::activate))
+        .routes(routes!(policies::rollback))
+        .routes(routes!(tokens::issue, tokens::list))
+        .routes(routes!(tokens::revoke))
+        .routes(routes!(tokens::audit))
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct Status {
+    status: String,
+}
+
+/// Liveness: answers while the process serves HTTP, without a token.
+#[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
+    responses((status = 200, description = "Alive", body = Status)))]
 async fn healthz() -> Response {
     axum::Json(serde_json::json!({"status": "ok"})).into_response()
 }
 
+/// Readiness: 503 `draining` once the server drains for shutdown.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses((status = 200, description = "Ready for work", body = Status)))]
 async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
     match state.refuse_if_draining() {
         Ok(()) => axum::Json(serde_json::json!({"status": "ready"})).into_response(),
@@ -248,6 +285,8 @@ async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> 
 }
 
 /// The engine's snapshot, with how long the task first in line of each bucket has waited.
+#[utoipa::path(get, path = "/v1/stats", tag = "operations",
+    responses((status = 200, description = "Counts by state and bucket, weights, the newest event seq", body = serde_json::Value)))]
 async fn stats(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
     let snapshot = state.scheduler.snapshot();
     let now_ms = crate::scheduler::Clock::now_ms(&crate::scheduler::SystemClock);

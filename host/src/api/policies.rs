@@ -7,6 +7,7 @@ use super::guard::Caller;
 use super::problem::ApiError;
 use crate::auth::signing::SIGNATURE_HEADER;
 use crate::model::PolicyKind;
+use crate::policy::Uploaded;
 use crate::policy::{KindStatus, MAX_CONFIG_BYTES, PolicyRegistry};
 use crate::scheduler::{Clock, SystemClock};
 use axum::Json;
@@ -31,13 +32,29 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::Internal(format!("policy work stopped: {e}")))?
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct UploadQuery {
     /// `name=value` lines for the component's `init`; without it, the server's config.
     config: Option<String>,
 }
 
+/// Stores a component (`application/wasm`) as the next version of a kind, once it compiles,
+/// imports nothing it may not, inits and passes the kind's conformance cases; not activated.
+/// With `policy_signing_keys` set it must carry `Sluice-Signature: keyid=ID,sig=BASE64`.
+#[utoipa::path(put, path = "/v1/policies/{kind}", tag = "policies",
+    params(
+        ("kind" = PolicyKind, Path, description = "priority, aging, retry, split or merge"),
+        ("Sluice-Signature" = Option<String>, Header, description = "keyid=ID,sig=BASE64: an ed25519 signature of the body"),
+        UploadQuery,
+    ),
+    request_body(description = "The component's bytes (`application/wasm` is taken too)",
+        content((Vec<u8> = "application/octet-stream"))),
+    responses(
+        (status = 201, description = "A new version", body = Uploaded),
+        (status = 200, description = "The same bytes and config as an existing version", body = Uploaded),
+    ))]
 pub async fn upload(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -120,12 +137,17 @@ pub async fn upload(
     Ok(response)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ActivateRequest {
     version: u32,
 }
 
+/// Makes a version the active one (0: the built-in one).
+#[utoipa::path(post, path = "/v1/policies/{kind}/activate", tag = "policies",
+    params(("kind" = PolicyKind, Path, description = "priority, aging, retry, split or merge")),
+    request_body = ActivateRequest,
+    responses((status = 200, description = "The kind now", body = KindStatus)))]
 pub async fn activate(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -160,6 +182,10 @@ pub async fn activate(
     Ok(Json(status))
 }
 
+/// Restores the version active before the current one.
+#[utoipa::path(post, path = "/v1/policies/{kind}/rollback", tag = "policies",
+    params(("kind" = PolicyKind, Path, description = "priority, aging, retry, split or merge")),
+    responses((status = 200, description = "The kind now", body = KindStatus)))]
 pub async fn rollback(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -182,10 +208,22 @@ pub async fn rollback(
     Ok(Json(status))
 }
 
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct PolicyList {
+    policies: Vec<KindStatus>,
+}
+
+/// Every kind with its active version and counters.
+#[utoipa::path(get, path = "/v1/policies", tag = "policies",
+    responses((status = 200, description = "The kinds", body = PolicyList)))]
 pub async fn list(Shared(state): Shared<AppState>) -> Response {
     Json(serde_json::json!({ "policies": state.policies.list() })).into_response()
 }
 
+/// A kind in full: its versions, activations and log.
+#[utoipa::path(get, path = "/v1/policies/{kind}", tag = "policies",
+    params(("kind" = PolicyKind, Path, description = "priority, aging, retry, split or merge")),
+    responses((status = 200, description = "The kind", body = crate::policy::KindDetail)))]
 pub async fn detail(
     Shared(state): Shared<AppState>,
     KindPath(kind): KindPath,

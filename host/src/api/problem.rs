@@ -107,7 +107,7 @@ pub enum ApiError {
 }
 
 /// The body of an error answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Problem {
     #[serde(rename = "type")]
     pub kind: String,

@@ -23,21 +23,22 @@ pub const MAX_BATCH_REPORTS: usize = 1000;
 /// A failure message is cut to this many bytes.
 const MAX_MESSAGE_BYTES: usize = 4096;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenOnly {
     lease_token: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteRequest {
     lease_token: String,
+    /// Kept with the task; at most `max_result_bytes` serialized.
     #[serde(default)]
     result: serde_json::Value,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailRequest {
     lease_token: String,
@@ -46,6 +47,12 @@ pub struct FailRequest {
     message: String,
 }
 
+/// The worker began the attempt: the task turns running. 409 `stale-lease` for a token that no longer holds the task, 409
+/// `attempt-cancelled` once it was cancelled.
+#[utoipa::path(post, path = "/v1/tasks/{id}/start", tag = "workers",
+    params(("id" = TaskId, Path, description = "The task's id")),
+    request_body = TokenOnly,
+    responses((status = 200, description = "The task after the report", body = Task)))]
 pub async fn start(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -56,6 +63,12 @@ pub async fn start(
     token_report(&state, &caller, id, &headers, raw, Report::Start).await
 }
 
+/// Extends the lease (never past the attempt timeout). 409 `stale-lease` for a token that no longer holds the task, 409
+/// `attempt-cancelled` once it was cancelled.
+#[utoipa::path(post, path = "/v1/tasks/{id}/heartbeat", tag = "workers",
+    params(("id" = TaskId, Path, description = "The task's id")),
+    request_body = TokenOnly,
+    responses((status = 200, description = "The task after the report", body = Task)))]
 pub async fn heartbeat(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -66,6 +79,12 @@ pub async fn heartbeat(
     token_report(&state, &caller, id, &headers, raw, Report::Heartbeat).await
 }
 
+/// The worker stopped a cancelled or timed-out attempt, freeing its place. 409 `stale-lease` for a token that no longer holds the task, 409
+/// `attempt-cancelled` once it was cancelled.
+#[utoipa::path(post, path = "/v1/tasks/{id}/stopped", tag = "workers",
+    params(("id" = TaskId, Path, description = "The task's id")),
+    request_body = TokenOnly,
+    responses((status = 200, description = "The task after the report", body = Task)))]
 pub async fn stopped(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -99,6 +118,12 @@ async fn token_report(
     Ok(Json(task))
 }
 
+/// The attempt succeeded, with its result. 409 `stale-lease` for a token that no longer holds the task, 409
+/// `attempt-cancelled` once it was cancelled.
+#[utoipa::path(post, path = "/v1/tasks/{id}/complete", tag = "workers",
+    params(("id" = TaskId, Path, description = "The task's id")),
+    request_body = CompleteRequest,
+    responses((status = 200, description = "The task after the report", body = Task)))]
 pub async fn complete(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -122,6 +147,12 @@ pub async fn complete(
     Ok(Json(task))
 }
 
+/// The attempt failed; the retry policy decides what follows. 409 `stale-lease` for a token that no longer holds the task, 409
+/// `attempt-cancelled` once it was cancelled.
+#[utoipa::path(post, path = "/v1/tasks/{id}/fail", tag = "workers",
+    params(("id" = TaskId, Path, description = "The task's id")),
+    request_body = FailRequest,
+    responses((status = 200, description = "The task after the report", body = Task)))]
 pub async fn fail(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -209,7 +240,7 @@ fn bounded_message(mut message: String) -> String {
 }
 
 /// One item of `POST /v1/reports`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(tag = "report", rename_all = "snake_case", deny_unknown_fields)]
 enum BatchItemRequest {
     Start {
@@ -273,14 +304,19 @@ impl BatchItemRequest {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
+    /// At most 1,000 reports, each answered on its own.
+    #[schema(value_type = Vec<BatchItemRequest>)]
     reports: Vec<Box<RawValue>>,
 }
 
 /// `POST /v1/reports`: many reports in one request (a worker finishing a batch of tasks at
 /// once), one durable write for all; each is judged and answered on its own, in order.
+#[utoipa::path(post, path = "/v1/reports", tag = "workers",
+    request_body = BatchRequest,
+    responses((status = 200, description = "One result per report, in order", body = BatchResponse)))]
 pub async fn batch(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,

@@ -52,6 +52,16 @@ fn visible_task(state: &AppState, caller: &Principal, id: TaskId) -> Result<Task
     }
 }
 
+/// Submits a task. With a key (`key` or the `Idempotency-Key` header) a resend with the same
+/// body answers the same task (200, `Idempotent-Replay: true`); a device token's device and
+/// tenant replace the body's.
+#[utoipa::path(post, path = "/v1/tasks", tag = "tasks",
+    request_body = TaskSpec,
+    params(("Idempotency-Key" = Option<String>, Header, description = "An idempotency key, if the body has none")),
+    responses(
+        (status = 201, description = "Created", body = Task),
+        (status = 200, description = "The task the key already named", body = Task),
+    ))]
 pub async fn submit(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -118,9 +128,11 @@ fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
+    /// At most 1,000 submissions, each answered on its own.
+    #[schema(value_type = Vec<TaskSpec>)]
     tasks: Vec<Box<RawValue>>,
 }
 
@@ -136,6 +148,10 @@ impl BatchItem {
     }
 }
 
+/// Submits up to 1,000 tasks in one durable write; each item is answered in place.
+#[utoipa::path(post, path = "/v1/tasks:batch", tag = "tasks",
+    request_body = BatchRequest,
+    responses((status = 200, description = "One result per item, in order", body = BatchResponse)))]
 pub async fn submit_batch(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -182,14 +198,19 @@ pub async fn submit_batch(
 }
 
 /// A task with its payload, as `GET /v1/tasks/{id}` shows it.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct TaskWithPayload {
     #[serde(flatten)]
     task: Task,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<serde_json::Value>)]
     payload: Option<Box<RawValue>>,
 }
 
+/// One task with its payload. Another device's task is 404.
+#[utoipa::path(get, path = "/v1/tasks/{id}", tag = "tasks",
+    params(("id" = TaskId, Path, description = "The task's id")),
+    responses((status = 200, description = "The task", body = TaskWithPayload)))]
 pub async fn get(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -213,7 +234,8 @@ pub fn stored_payload(state: &AppState, id: TaskId) -> Result<Option<Box<RawValu
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListParams {
     state: Option<State>,
@@ -235,12 +257,16 @@ pub(super) fn page_limit(
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct ListResponse {
     tasks: Vec<Task>,
     next_after: Option<TaskId>,
 }
 
+/// A page of tasks in arrival order; a device token sees only its own.
+#[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
+    params(ListParams),
+    responses((status = 200, description = "A page of tasks", body = ListResponse)))]
 pub async fn list(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -283,18 +309,23 @@ pub async fn list(
 }
 
 /// `?after=&limit=` of an event page.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct EventParams {
     pub after: Option<u64>,
     pub limit: Option<usize>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct EventsResponse {
     events: Vec<Event>,
 }
 
+/// A task's timeline: its events after `after`, oldest first.
+#[utoipa::path(get, path = "/v1/tasks/{id}/events", tag = "tasks",
+    params(("id" = TaskId, Path, description = "The task's id"), EventParams),
+    responses((status = 200, description = "The task's events", body = EventsResponse)))]
 pub async fn events(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -310,6 +341,10 @@ pub async fn events(
     Ok(Json(EventsResponse { events }))
 }
 
+/// Cancels a task that has not ended; a worker holding it is told at its next report.
+#[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
+    params(("id" = TaskId, Path, description = "The task's id")),
+    responses((status = 200, description = "The cancelled task", body = Task)))]
 pub async fn cancel(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,

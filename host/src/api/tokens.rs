@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 const MAX_AUDIT_LIMIT: usize = 1000;
 
 /// A token as listed: its record without the hash.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct TokenView {
     id: String,
     role: Role,
@@ -53,7 +53,7 @@ impl From<TokenRecord> for TokenView {
 }
 
 /// The answer to an issue: the token's text, shown this once, and its record.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct IssuedView {
     token: String,
     #[serde(flatten)]
@@ -69,6 +69,11 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::Internal(format!("token work stopped: {e}")))?
 }
 
+/// Issues a token; its text is in this answer only. On a server with auth off the first one
+/// must be an admin's, and issuing it turns auth on.
+#[utoipa::path(post, path = "/v1/tokens", tag = "access",
+    request_body = TokenRequest,
+    responses((status = 201, description = "The token, shown this once", body = IssuedView)))]
 pub async fn issue(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -91,11 +96,14 @@ pub async fn issue(
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct TokenList {
     tokens: Vec<TokenView>,
 }
 
+/// Every token's record (never the token), revoked ones included.
+#[utoipa::path(get, path = "/v1/tokens", tag = "access",
+    responses((status = 200, description = "The tokens", body = TokenList)))]
 pub async fn list(Shared(state): Shared<AppState>) -> Result<Json<TokenList>, ApiError> {
     let tokens = state.gate.list()?;
     Ok(Json(TokenList {
@@ -103,6 +111,10 @@ pub async fn list(Shared(state): Shared<AppState>) -> Result<Json<TokenList>, Ap
     }))
 }
 
+/// Revokes a token; it is refused from the next request on.
+#[utoipa::path(delete, path = "/v1/tokens/{id}", tag = "access",
+    params(("id" = String, Path, description = "The token's id")),
+    responses((status = 200, description = "The revoked token", body = TokenView)))]
 pub async fn revoke(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -114,18 +126,23 @@ pub async fn revoke(
     Ok(Json(record.into()))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct AuditParams {
     after: Option<u64>,
     limit: Option<usize>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct AuditPage {
     events: Vec<AuditEvent>,
 }
 
+/// The audit log of admin actions after `after`, oldest first.
+#[utoipa::path(get, path = "/v1/audit", tag = "access",
+    params(AuditParams),
+    responses((status = 200, description = "A page of the audit log", body = AuditPage)))]
 pub async fn audit(
     Shared(state): Shared<AppState>,
     RawQuery(query): RawQuery,

@@ -36,6 +36,11 @@ fn check_worker(caller: &Principal, worker: &str) -> Result<(), ApiError> {
     }
 }
 
+/// Registers or refreshes a worker: its GPUs, labels, kinds and concurrency.
+#[utoipa::path(post, path = "/v1/workers/{id}/heartbeat", tag = "workers",
+    params(("id" = String, Path, description = "The worker's id")),
+    request_body = Heartbeat,
+    responses((status = 200, description = "The worker as the scheduler sees it", body = WorkerView)))]
 pub async fn heartbeat(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -60,7 +65,7 @@ pub async fn heartbeat(
         .ok_or(ApiError::WorkerNotFound(worker))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
     #[serde(default = "one")]
@@ -75,22 +80,23 @@ fn one() -> usize {
 
 /// One granted lease: the task (its record carries the lease), its payload, and the lease's
 /// terms at the top level for convenience.
-#[derive(Serialize, Deserialize, Debug, Clone)]
+#[derive(Serialize, Deserialize, Debug, Clone, utoipa::ToSchema)]
 pub struct LeaseGrant {
     pub task: Task,
+    #[schema(value_type = Option<serde_json::Value>)]
     pub payload: Option<Box<RawValue>>,
     pub attempt: u32,
     pub lease_token: String,
     pub lease_expires_at_ms: u64,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone)]
+#[derive(Serialize, Deserialize, Debug, Clone, utoipa::ToSchema)]
 pub struct ClaimRefusal {
     pub code: String,
     pub detail: String,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone)]
+#[derive(Serialize, Deserialize, Debug, Clone, utoipa::ToSchema)]
 pub struct ClaimResponse {
     pub leases: Vec<LeaseGrant>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
@@ -112,6 +118,11 @@ fn refusal(reason: &NoClaim) -> ClaimResponse {
     }
 }
 
+/// Leases up to `max` tasks to the worker, waiting up to `wait_ms` for work.
+#[utoipa::path(post, path = "/v1/workers/{id}/claim", tag = "workers",
+    params(("id" = String, Path, description = "The worker's id")),
+    request_body = ClaimRequest,
+    responses((status = 200, description = "The leases granted (none when the wait ran out), or why none can be", body = ClaimResponse)))]
 pub async fn claim(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -213,17 +224,24 @@ fn grant(state: &AppState, task: Task) -> Result<LeaseGrant, ApiError> {
     })
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct WorkersResponse {
     workers: Vec<WorkerView>,
 }
 
+/// Every worker, with its health, breaker and free GPUs.
+#[utoipa::path(get, path = "/v1/workers", tag = "workers",
+    responses((status = 200, description = "The workers", body = WorkersResponse)))]
 pub async fn list(Shared(state): Shared<AppState>) -> Result<Json<WorkersResponse>, ApiError> {
     Ok(Json(WorkersResponse {
         workers: state.scheduler.workers().await?,
     }))
 }
 
+/// Closes a worker's circuit breaker by hand (admin).
+#[utoipa::path(post, path = "/v1/workers/{id}/reset", tag = "workers",
+    params(("id" = String, Path, description = "The worker's id")),
+    responses((status = 200, description = "The worker after the reset", body = WorkerView)))]
 pub async fn reset(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
@@ -240,11 +258,15 @@ pub async fn reset(
     Ok(Json(view))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct WorkerEventsResponse {
     events: Vec<WorkerEvent>,
 }
 
+/// The worker log: breaker changes after `after`.
+#[utoipa::path(get, path = "/v1/worker-events", tag = "workers",
+    params(EventParams),
+    responses((status = 200, description = "A page of the worker log", body = WorkerEventsResponse)))]
 pub async fn events(
     Shared(state): Shared<AppState>,
     RawQuery(query): RawQuery,

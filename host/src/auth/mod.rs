@@ -138,7 +138,7 @@ impl Principal {
 }
 
 /// The body of `POST /v1/tokens`.
-#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     pub role: Option<Role>,

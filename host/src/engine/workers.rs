@@ -130,7 +130,7 @@ pub struct TooManyWorkers {
 }
 
 /// A worker as `GET /v1/workers` shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct WorkerView {
     pub id: String,
     pub healthy: bool,

@@ -6,7 +6,7 @@ use std::fmt;
 
 /// What a token may do. `Device` and `Worker` tokens are bound to one device (and tenant) or
 /// one worker, and see only what belongs to it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Everything, including policies, tokens and worker resets.
@@ -69,7 +69,7 @@ impl TokenRecord {
 }
 
 /// One admin action, as `GET /v1/audit` shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditEvent {
     /// Assigned by the store: one past the newest entry.
     pub seq: u64,

@@ -6,7 +6,7 @@ use std::fmt;
 
 /// Who caused a change: `device:<id>`, `worker:<id>`, `api`, `scheduler`, ...
 /// Carried on every transition so audit and authorisation can name the actor later.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(transparent)]
 pub struct Actor(String);
 
@@ -44,7 +44,7 @@ impl fmt::Display for Actor {
 
 /// One entry of the event log. `seq` is global, gap-free and strictly increasing; `from` is
 /// absent for the event that creates a task.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Event {
     pub seq: u64,
     pub task_id: TaskId,

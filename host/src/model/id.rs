@@ -67,6 +67,20 @@ fn truncate(text: &str) -> String {
     text.chars().take(64).collect()
 }
 
+/// A task id in the API document: 26 characters of Crockford base32 (a ULID).
+impl utoipa::PartialSchema for TaskId {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some("^[0-7][0-9A-HJKMNP-TV-Z]{25}$"))
+            .description(Some("A task id: a ULID, 26 characters of Crockford base32"))
+            .examples(["01ARZ3NDEKTSV4RRFFQ69G5FAV"])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for TaskId {}
+
 impl Serialize for TaskId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)

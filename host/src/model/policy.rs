@@ -6,7 +6,19 @@ use std::fmt;
 use std::str::FromStr;
 
 /// The policy kinds, one WIT world each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum PolicyKind {
     Priority,
@@ -66,7 +78,7 @@ pub const BUILTIN_VERSION: u32 = 0;
 
 /// One uploaded version of a kind: a component (by content hash) and the config its `init`
 /// accepted. The same bytes with another config are another version.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PolicyVersion {
     pub kind: PolicyKind,
     pub version: u32,
@@ -80,7 +92,7 @@ pub struct PolicyVersion {
     pub signed_by: Option<String>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyAction {
     Uploaded,
@@ -91,7 +103,7 @@ pub enum PolicyAction {
 }
 
 /// An entry of the policy log. `from` and `to` are active versions (0 = built in).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PolicyEvent {
     pub seq: u64,
     pub kind: PolicyKind,

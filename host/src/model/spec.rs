@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
 /// What a task needs from the worker that runs it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
     #[serde(default)]
@@ -15,25 +15,36 @@ pub struct Resources {
 
 /// The body of `POST /v1/tasks`. Unknown fields are refused so that a typo is an error, not a
 /// silently ignored setting.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
+    /// An idempotency key: a resend with the same key and body answers the same task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 256)]
     pub key: Option<String>,
+    #[schema(pattern = "^[A-Za-z0-9._:/@-]{1,128}$")]
     pub kind: String,
     #[serde(default)]
     pub priority: Priority,
+    /// Replaced by the device token's device when auth is on.
     #[serde(default = "default_device")]
+    #[schema(pattern = "^[A-Za-z0-9._:/@-]{1,128}$")]
     pub device: String,
+    /// Replaced by the device token's tenant when auth is on.
     #[serde(default = "default_tenant")]
+    #[schema(pattern = "^[A-Za-z0-9._:/@-]{1,128}$")]
     pub tenant: String,
+    /// At most 64.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     #[serde(default = "default_est_exec_ms")]
+    #[schema(maximum = 604_800_000)]
     pub est_exec_ms: u64,
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 2_592_000_000_u64)]
     pub deadline_ms: Option<u64>,
     #[serde(default = "default_max_attempts")]
+    #[schema(minimum = 1, maximum = 100)]
     pub max_attempts: u32,
     #[serde(default)]
     pub payload: serde_json::Value,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Why a task ended badly (or why its last attempt failed).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TaskError {
     pub class: String,
     pub message: String,
@@ -13,7 +13,7 @@ pub struct TaskError {
 
 /// A task as stored and as shown by the API. The payload is stored beside it, not inside it, so
 /// that state changes do not rewrite up to a MiB of payload.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Task {
     pub id: TaskId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,7 +86,7 @@ pub const MAX_RETIRED_LEASES: usize = 4;
 
 /// What a task keeps of an earlier attempt's lease: a digest of its token (never the token),
 /// whose it was, and whether a refused report of it has been logged already.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RetiredLease {
     pub token_sha256: String,
     pub attempt: u32,
@@ -103,7 +103,7 @@ pub fn token_digest(token: &str) -> String {
 }
 
 /// A split parent's bookkeeping: what it needs to merge without reading its payload again.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Family {
     pub parts: Vec<FamilyPart>,
     /// Children that have reached a terminal state.
@@ -116,7 +116,7 @@ pub struct Family {
 }
 
 /// One child of a split parent.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FamilyPart {
     pub task: TaskId,
     pub weight: f32,
@@ -126,7 +126,7 @@ pub struct FamilyPart {
 
 /// One attempt's hold on a task: only reports carrying `token` count, and only until
 /// `expires_at_ms` (which heartbeats push back, never past `attempt_ends_at_ms`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Lease {
     pub worker: String,
     pub token: String,
@@ -165,7 +165,7 @@ impl Lease {
 }
 
 /// Delivery of a completion callback: at least once, retried with backoff up to a bound.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Callback {
     pub attempts: u32,
     /// When the next attempt is due (while one is in flight: when it is given up on).

@@ -11,7 +11,7 @@ pub const MAX_WORKER_KINDS: usize = 64;
 
 /// One GPU of a worker. `free` says whether Sluice may use it (false while something outside
 /// Sluice holds it); Sluice itself tracks which GPUs its own leases occupy.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Gpu {
     #[serde(default)]
@@ -30,7 +30,7 @@ fn one() -> u32 {
 }
 
 /// The body of `POST /v1/workers/{id}/heartbeat`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Heartbeat {
     #[serde(default)]
@@ -103,7 +103,7 @@ pub fn check_worker_id(id: &str) -> Result<(), ValidationError> {
 }
 
 /// One entry of the worker log: a change of a worker's circuit breaker, and why.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WorkerEvent {
     pub seq: u64,
     pub worker: String,

@@ -28,7 +28,7 @@ pub const MAX_CONFIG_BYTES: usize = 64 * 1024;
 const EVENTS_SHOWN: usize = 100;
 
 /// Which validation step refused an upload.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Check {
     Compile,
@@ -98,7 +98,7 @@ pub struct RegistryOptions {
 
 /// An upload's outcome: the version, and whether it is new (not the same bytes and config
 /// as an existing version).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct Uploaded {
     #[serde(flatten)]
     pub version: PolicyVersion,
@@ -106,7 +106,7 @@ pub struct Uploaded {
 }
 
 /// A kind as `GET /v1/policies` shows it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct KindStatus {
     pub kind: Kind,
     pub active_version: u32,
@@ -119,7 +119,7 @@ pub struct KindStatus {
 }
 
 /// A kind in full, as `GET /v1/policies/{kind}` shows it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct KindDetail {
     #[serde(flatten)]
     pub status: KindStatus,

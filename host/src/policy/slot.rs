@@ -117,7 +117,7 @@ pub struct Decided<R> {
 }
 
 /// Counters of a kind, for status and metrics.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, utoipa::ToSchema)]
 pub struct SlotCounters {
     pub decisions_total: u64,
     pub faults_total: u64,
