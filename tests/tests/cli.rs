@@ -126,6 +126,14 @@ fn serve_reads_a_config_file_and_environment_overrides_it() {
     )
     .unwrap();
     // SLUICE_LISTEN overrides the file's unusable port; the file's data dir and limit apply.
+    // Killed on drop, so a failed assertion leaves no server behind.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let mut child = Command::new(sluice_binary())
         .args(["serve", "--config"])
         .arg(&config)
@@ -134,12 +142,10 @@ fn serve_reads_a_config_file_and_environment_overrides_it() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let child = KillOnDrop(child);
     let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
     let url = line
         .trim()
         .strip_prefix("listening on ")
@@ -161,8 +167,7 @@ fn serve_reads_a_config_file_and_environment_overrides_it() {
     ]);
     assert!(!too_big.status.success());
     assert!(String::from_utf8_lossy(&too_big.stderr).contains("413"));
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(child);
 
     // A config file with an unknown key, or an unusable value, stops serve with a message.
     std::fs::write(&config, "listen_address = \"127.0.0.1:0\"\n").unwrap();

@@ -109,7 +109,13 @@ pub enum ApiError {
 /// The body of an error answer.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Problem {
+    /// `urn:sluice:problem:` and a stable slug (`task-not-found`, `unauthorized`,
+    /// `rate-limited`, ...): the slugs, and when each is answered, are in docs/api.md#errors.
     #[serde(rename = "type")]
+    #[schema(
+        pattern = "^urn:sluice:problem:[a-z-]+$",
+        example = "urn:sluice:problem:task-not-found"
+    )]
     pub kind: String,
     pub title: &'static str,
     pub status: u16,
