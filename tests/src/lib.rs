@@ -371,6 +371,30 @@ pub fn policy_component(package: &str, feature: Option<&str>) -> Vec<u8> {
     std::fs::read(target_dir.join(file)).expect("the built component")
 }
 
+/// Builds the policy project in `project` (as `sluice policy new` writes one) for
+/// wasm32-wasip2, in the same target directory as `policy_component`, and reads its component.
+pub fn build_policy_project(project: &Path, crate_name: &str) -> Vec<u8> {
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target_dir = root.join("target/policies-tests");
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--release", "--quiet", "--target", "wasm32-wasip2"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .current_dir(project)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .status()
+        .expect("run cargo to build a policy project");
+    assert!(status.success(), "building {} failed", project.display());
+    let file = format!(
+        "wasm32-wasip2/release/{}.wasm",
+        crate_name.replace('-', "_")
+    );
+    std::fs::read(target_dir.join(file)).expect("the built component")
+}
+
 /// PUTs `bytes` as a component of `kind`, with `config` (name=value lines) if given.
 pub async fn put_policy(
     client: &reqwest::Client,

@@ -8,6 +8,7 @@ mod bench;
 mod demo;
 mod logging;
 mod policy;
+mod policy_kit;
 mod repair;
 mod serve;
 mod tasks;
@@ -69,6 +70,10 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
         Command::Demo(_) => "warn",
+        // Local tools: their answer is on stdout, not in a log.
+        Command::Policy {
+            command: policy::PolicyCommand::Check { .. } | policy::PolicyCommand::Bench { .. },
+        } => "warn",
         _ => "info",
     };
     if let Err(error) = logging::init(cli.log_format, default_level) {

@@ -33,6 +33,41 @@ pub enum PolicyCommand {
         #[arg(long)]
         signature: Option<PathBuf>,
     },
+    /// Write a buildable policy project on the Rust SDK: DIR/NAME (the SDK vendored inside).
+    New {
+        /// priority, aging, retry, split or merge.
+        kind: String,
+        /// The crate's name (lower case, digits, - and _).
+        name: String,
+        /// The language of the project.
+        #[arg(long, default_value = "rust")]
+        lang: String,
+        /// Where to create the project.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Validate a component offline as an upload would: compile, imports, world, init with
+    /// the config, and the kind's conformance cases. Exits non-zero with what failed.
+    Check {
+        file: PathBuf,
+        /// The kind to check it as; by default the kind whose world it exports.
+        #[arg(long)]
+        kind: Option<String>,
+        /// A setting for the component's init, name=value; repeatable.
+        #[arg(long = "config")]
+        settings: Vec<String>,
+    },
+    /// What one decision of a component costs, one at a time and in batches.
+    Bench {
+        file: PathBuf,
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long = "config")]
+        settings: Vec<String>,
+        /// Decisions measured per batch size.
+        #[arg(long, default_value_t = 100_000)]
+        decisions: usize,
+    },
     /// Make a signing key pair: the secret key to FILE (mode 0600), and the public key's line
     /// for the server's `policy_signing_keys` to stdout.
     Keygen {
@@ -111,6 +146,45 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
                 .await?
         }
         PolicyCommand::Keygen { id, out } => return keygen(&id, &out),
+        PolicyCommand::New {
+            kind,
+            name,
+            lang,
+            dir,
+        } => {
+            let root = super::policy_kit::new_project(kind.parse()?, &name, &lang, &dir)?;
+            outln!("{}", root.display())?;
+            return Ok(());
+        }
+        PolicyCommand::Check {
+            file,
+            kind,
+            settings,
+        } => {
+            let bytes = read_component(&file)?;
+            let kind = kind.map(|k| k.parse()).transpose()?;
+            let config = (!settings.is_empty()).then(|| settings.join("\n"));
+            let (kind, ..) = super::policy_kit::check(&bytes, kind, config)?;
+            outln!(
+                "ok: {} is a {kind} policy; it compiled, imports nothing it may not, inits with its config and passes the {kind} conformance cases",
+                file.display()
+            )?;
+            return Ok(());
+        }
+        PolicyCommand::Bench {
+            file,
+            kind,
+            settings,
+            decisions,
+        } => {
+            let bytes = read_component(&file)?;
+            let kind = kind.map(|k| k.parse()).transpose()?;
+            let config = (!settings.is_empty()).then(|| settings.join("\n"));
+            return tokio::task::spawn_blocking(move || {
+                super::policy_kit::bench(&bytes, kind, config, decisions)
+            })
+            .await?;
+        }
         PolicyCommand::Sign {
             key,
             component,
@@ -130,6 +204,10 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
 
 fn client(server: &ServerArg) -> anyhow::Result<Client> {
     server.client()
+}
+
+fn read_component(file: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(file).with_context(|| format!("cannot read the component {}", file.display()))
 }
 
 /// `FILE.sig`: where `policy sign` writes a component's signature and `policy upload` looks.

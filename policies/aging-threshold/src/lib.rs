@@ -12,10 +12,7 @@ extern crate alloc;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-wit_bindgen::generate!({ world: "aging-policy", path: "../../wit" });
-
-use exports::sluice::policy::aging::{Guest, Promotion};
-use policy_packed::{Bucket, VIEW_WORDS, View};
+use sluice_policy::packed::{Bucket, View};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
@@ -32,10 +29,15 @@ impl Default for Settings {
     }
 }
 
+/// The settings the config may set.
+pub const SETTING_NAMES: [&str; 2] = ["low_to_normal_ms", "normal_to_urgent_ms"];
+
 impl Settings {
     pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
-        let config =
-            policy_config::Config::parse(bytes, &["low_to_normal_ms", "normal_to_urgent_ms"])?;
+        Self::from_config(&sluice_policy::Config::parse(bytes, &SETTING_NAMES)?)
+    }
+
+    pub fn from_config(config: &sluice_policy::Config) -> Result<Settings, String> {
         let defaults = Settings::default();
         let settings = Settings {
             low_to_normal_ms: config.u64_or("low_to_normal_ms", defaults.low_to_normal_ms)?,
@@ -70,52 +72,17 @@ impl Settings {
     }
 }
 
-static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
-
-#[allow(dead_code)] // used by `export!` in the wasm32 build only
-struct Component;
-
-impl Guest for Component {
-    fn init(config: Vec<u8>) -> Result<(), String> {
-        SETTINGS.set(Settings::parse(&config)?);
-        Ok(())
+impl sluice_policy::Aging for Settings {
+    fn init(config: &sluice_policy::Config) -> Result<Self, String> {
+        Settings::from_config(config)
     }
 
-    fn age(now_ms: u64, waiting: Vec<u64>) -> Vec<Promotion> {
-        // The host sends well-formed views; a malformed list moves nothing.
-        let waiting = policy_packed::records(&waiting, VIEW_WORDS, View::read).unwrap_or_default();
-        SETTINGS
-            .get()
-            .age(now_ms, &waiting)
-            .into_iter()
-            .map(|(index, to)| Promotion {
-                index,
-                to: wit_bucket(to),
-            })
-            .collect()
-    }
-
-    fn age_one(
-        now_ms: u64,
-        task: (u64, u64, u64, u64, u64, u64),
-    ) -> Option<sluice::policy::types::Bucket> {
-        // Without `age`'s list: an allocation and a free would cost more than the decision.
-        let task = View::from_words(task).ok()?;
-        SETTINGS.get().promote(now_ms, &task).map(wit_bucket)
+    fn promote(&self, now_ms: u64, task: &View) -> Option<Bucket> {
+        Settings::promote(self, now_ms, task)
     }
 }
 
-fn wit_bucket(bucket: Bucket) -> sluice::policy::types::Bucket {
-    match bucket {
-        Bucket::Urgent => sluice::policy::types::Bucket::Urgent,
-        Bucket::Normal => sluice::policy::types::Bucket::Normal,
-        Bucket::Low => sluice::policy::types::Bucket::Low,
-    }
-}
-
-// Exported only in the component build: native (test) builds have no component ABI.
-#[cfg(target_arch = "wasm32")]
-export!(Component);
+sluice_policy::aging_policy!(Settings, settings = SETTING_NAMES);
 
 #[cfg(test)]
 mod tests {

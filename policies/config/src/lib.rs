@@ -111,14 +111,54 @@ pub fn check_children(children: u32, max_children: u32, what: &str) -> Result<()
     Ok(())
 }
 
+/// Why a config was refused. It converts into the `String` an `init` answers with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The bytes are not UTF-8.
+    NotUtf8,
+    /// Line `line` (from 1) is not `name=value`.
+    Syntax { line: usize },
+    /// A name the policy does not know, with the names it does.
+    Unknown { name: String, known: String },
+    /// A value that does not parse as what the setting takes.
+    BadValue {
+        name: String,
+        value: String,
+        expected: &'static str,
+    },
+}
+
+impl core::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ConfigError::NotUtf8 => f.write_str("config is not UTF-8"),
+            ConfigError::Syntax { line } => write!(f, "line {line}: expected name=value"),
+            ConfigError::Unknown { name, known } => {
+                write!(f, "unknown setting `{name}`; known: {known}")
+            }
+            ConfigError::BadValue {
+                name,
+                value,
+                expected,
+            } => write!(f, "`{name}`: bad value `{value}` (expected {expected})"),
+        }
+    }
+}
+
+impl From<ConfigError> for String {
+    fn from(error: ConfigError) -> String {
+        error.to_string()
+    }
+}
+
 pub struct Config {
     values: BTreeMap<String, String>,
 }
 
 impl Config {
     /// Parses `bytes`, refusing names outside `known`.
-    pub fn parse(bytes: &[u8], known: &[&str]) -> Result<Config, String> {
-        let text = core::str::from_utf8(bytes).map_err(|_| "config is not UTF-8".to_string())?;
+    pub fn parse(bytes: &[u8], known: &[&str]) -> Result<Config, ConfigError> {
+        let text = core::str::from_utf8(bytes).map_err(|_| ConfigError::NotUtf8)?;
         let mut values = BTreeMap::new();
         for (number, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -127,13 +167,13 @@ impl Config {
             }
             let (name, value) = line
                 .split_once('=')
-                .ok_or_else(|| format!("line {}: expected name=value", number + 1))?;
+                .ok_or(ConfigError::Syntax { line: number + 1 })?;
             let name = name.trim();
             if !known.contains(&name) {
-                return Err(format!(
-                    "unknown setting `{name}`; known: {}",
-                    known.join(", ")
-                ));
+                return Err(ConfigError::Unknown {
+                    name: name.to_string(),
+                    known: known.join(", "),
+                });
             }
             values.insert(name.to_string(), value.trim().to_string());
         }
@@ -145,20 +185,33 @@ impl Config {
         self.values.contains_key(name)
     }
 
-    pub fn u64_or(&self, name: &str, default: u64) -> Result<u64, String> {
-        self.parsed_or(name, default)
+    /// The text of `name`, if the config sets it.
+    pub fn text(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(String::as_str)
     }
 
-    pub fn u32_or(&self, name: &str, default: u32) -> Result<u32, String> {
-        self.parsed_or(name, default)
+    pub fn u64_or(&self, name: &str, default: u64) -> Result<u64, ConfigError> {
+        self.parsed_or(name, default, "a whole number")
     }
 
-    pub fn f64_or(&self, name: &str, default: f64) -> Result<f64, String> {
-        let value: f64 = self.parsed_or(name, default)?;
+    pub fn u32_or(&self, name: &str, default: u32) -> Result<u32, ConfigError> {
+        self.parsed_or(name, default, "a whole number below 2^32")
+    }
+
+    pub fn f64_or(&self, name: &str, default: f64) -> Result<f64, ConfigError> {
+        let value: f64 = self.parsed_or(name, default, "a finite number")?;
         if value.is_finite() {
             Ok(value)
         } else {
-            Err(format!("`{name}` must be a finite number"))
+            Err(self.bad(name, "a finite number"))
+        }
+    }
+
+    fn bad(&self, name: &str, expected: &'static str) -> ConfigError {
+        ConfigError::BadValue {
+            name: name.to_string(),
+            value: self.values.get(name).cloned().unwrap_or_default(),
+            expected,
         }
     }
 
@@ -167,26 +220,31 @@ impl Config {
         &self,
         name: &str,
         default: &[T],
-    ) -> Result<Vec<T>, String> {
+    ) -> Result<Vec<T>, ConfigError> {
         match self.values.get(name) {
             None => Ok(default.to_vec()),
             Some(text) => text
                 .split(',')
                 .map(|item| {
-                    item.trim()
-                        .parse()
-                        .map_err(|_| format!("`{name}`: bad item `{item}`"))
+                    item.trim().parse().map_err(|_| ConfigError::BadValue {
+                        name: name.to_string(),
+                        value: item.trim().to_string(),
+                        expected: "a comma-separated list of numbers",
+                    })
                 })
                 .collect(),
         }
     }
 
-    fn parsed_or<T: core::str::FromStr>(&self, name: &str, default: T) -> Result<T, String> {
+    fn parsed_or<T: core::str::FromStr>(
+        &self,
+        name: &str,
+        default: T,
+        expected: &'static str,
+    ) -> Result<T, ConfigError> {
         match self.values.get(name) {
             None => Ok(default),
-            Some(text) => text
-                .parse()
-                .map_err(|_| format!("`{name}`: bad value `{text}`")),
+            Some(text) => text.parse().map_err(|_| self.bad(name, expected)),
         }
     }
 }
@@ -220,7 +278,10 @@ mod tests {
         assert_eq!(config.u64_or("delay_ms", 5).unwrap(), 100);
         assert_eq!(config.u64_or("x", 5).unwrap(), 5);
         assert_eq!(config.list_or::<u32>("weights", &[]).unwrap(), [1, 2, 3]);
-        assert!(Config::parse(b"delay=1", &["delay_ms"]).is_err());
+        assert!(matches!(
+            Config::parse(b"delay=1", &["delay_ms"]),
+            Err(ConfigError::Unknown { .. })
+        ));
         assert!(Config::parse(b"no equals sign", &["delay_ms"]).is_err());
         assert!(Config::parse(&[0xff], &[]).is_err());
         let bad = Config::parse(b"delay_ms=soon", &["delay_ms"]).unwrap();

@@ -9,43 +9,13 @@ extern crate alloc;
 
 use alloc::collections::{BTreeSet, BinaryHeap};
 use alloc::format;
-use alloc::string::{String, ToString};
-use alloc::vec;
+use alloc::string::String;
 use alloc::vec::Vec;
 use core::cmp::{Ordering, Reverse};
-use policy_packed::HIT_WORDS;
-pub use policy_packed::Hit;
+pub use policy_packed::{Hit, Part, pack_hits as pack, parts};
 
 /// The largest `k` accepted, so one call's output stays bounded.
 pub const MAX_K: u32 = 100_000;
-
-/// One child's answer: its hits, nearest first.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Part {
-    pub child: u32,
-    pub weight: f32,
-    pub hits: Vec<Hit>,
-}
-
-/// Unpacks the children's hits: each run of one child's hits is that child's part.
-pub fn parts(weights: &[f32], words: &[u64]) -> Result<Vec<Part>, String> {
-    let mut parts: Vec<Part> = Vec::new();
-    if !words.len().is_multiple_of(HIT_WORDS) {
-        return Err("the hits are not a whole number of 2-word records".into());
-    }
-    for pair in words.chunks_exact(HIT_WORDS) {
-        let (child, hit) = Hit::read_part(pair).map_err(|e| e.0.to_string())?;
-        match parts.last_mut() {
-            Some(part) if part.child == child => part.hits.push(hit),
-            _ => parts.push(Part {
-                child,
-                weight: weights.get(child as usize).copied().unwrap_or(1.0),
-                hits: vec![hit],
-            }),
-        }
-    }
-    Ok(parts)
-}
 
 /// A hit ordered by (distance, id), nearest first; with where it came from.
 struct Head {
@@ -138,15 +108,6 @@ pub fn merge(k: u32, mut parts: Vec<Part>) -> Result<Vec<Hit>, String> {
     Ok(merged)
 }
 
-/// Packs merged hits as a merge policy answers them.
-pub fn pack(hits: &[Hit]) -> Vec<u64> {
-    let mut answer = Vec::with_capacity(hits.len() * HIT_WORDS);
-    for hit in hits {
-        hit.write(&mut answer);
-    }
-    answer
-}
-
 /// Sorts hits by (distance, id) and keeps each id's first (nearest) hit.
 pub fn sort_unique(hits: &mut Vec<Hit>) {
     hits.sort_by(|a, b| a.distance.total_cmp(&b.distance).then(a.id.cmp(&b.id)));
@@ -158,6 +119,7 @@ pub fn sort_unique(hits: &mut Vec<Hit>) {
 mod tests {
     extern crate std;
     use super::*;
+    use alloc::vec;
 
     fn part(child: u32, hits: &[(u64, f32)]) -> Part {
         Part {

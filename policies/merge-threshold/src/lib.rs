@@ -12,9 +12,6 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-wit_bindgen::generate!({ world: "merge-policy", path: "../../wit" });
-
-use exports::sluice::policy::merge::Guest;
 use merge_core::{Hit, MAX_K, Part};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -30,9 +27,15 @@ impl Default for Settings {
     }
 }
 
+/// The settings the config may set.
+pub const SETTING_NAMES: [&str; 1] = ["max_distance"];
+
 impl Settings {
     pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
-        let config = policy_config::Config::parse(bytes, &["max_distance"])?;
+        Self::from_config(&sluice_policy::Config::parse(bytes, &SETTING_NAMES)?)
+    }
+
+    pub fn from_config(config: &sluice_policy::Config) -> Result<Settings, String> {
         let mut settings = Settings::default();
         if config.has("max_distance") {
             settings.max_distance = config.f64_or("max_distance", 0.0)? as f32;
@@ -64,26 +67,17 @@ impl Settings {
     }
 }
 
-static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
-
-#[allow(dead_code)] // used by `export!` in the wasm32 build only
-struct Component;
-
-impl Guest for Component {
-    fn init(config: Vec<u8>) -> Result<(), String> {
-        SETTINGS.set(Settings::parse(&config)?);
-        Ok(())
+impl sluice_policy::Merge for Settings {
+    fn init(config: &sluice_policy::Config) -> Result<Self, String> {
+        Settings::from_config(config)
     }
 
-    fn merge(k: u32, weights: Vec<f32>, hits: Vec<u64>) -> Result<Vec<u64>, String> {
-        let parts = merge_core::parts(&weights, &hits)?;
-        Ok(merge_core::pack(&SETTINGS.get().merge(k, parts)?))
+    fn merge(&self, k: u32, parts: Vec<Part>) -> Result<Vec<Hit>, String> {
+        Settings::merge(self, k, parts)
     }
 }
 
-// Exported only in the component build: native (test) builds have no component ABI.
-#[cfg(target_arch = "wasm32")]
-export!(Component);
+sluice_policy::merge_policy!(Settings, settings = SETTING_NAMES);
 
 #[cfg(test)]
 mod tests {

@@ -13,9 +13,6 @@ extern crate alloc;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-wit_bindgen::generate!({ world: "merge-policy", path: "../../wit" });
-
-use exports::sluice::policy::merge::Guest;
 use merge_core::{Hit, Part};
 
 /// A distance as a child of weight `weight` counts it (`weight` > 0).
@@ -41,23 +38,20 @@ pub fn merge(k: u32, parts: Vec<Part>) -> Result<Vec<Hit>, String> {
     merge_core::merge(k, weighted)
 }
 
-#[allow(dead_code)] // used by `export!` in the wasm32 build only
-struct Component;
+/// The policy: it takes no settings.
+pub struct Policy;
 
-impl Guest for Component {
-    fn init(config: Vec<u8>) -> Result<(), String> {
-        policy_config::Config::parse(&config, &[]).map(|_| ())
+impl sluice_policy::Merge for Policy {
+    fn init(_config: &sluice_policy::Config) -> Result<Self, String> {
+        Ok(Policy)
     }
 
-    fn merge(k: u32, weights: Vec<f32>, hits: Vec<u64>) -> Result<Vec<u64>, String> {
-        let parts = merge_core::parts(&weights, &hits)?;
-        Ok(merge_core::pack(&merge(k, parts)?))
+    fn merge(&self, k: u32, parts: Vec<Part>) -> Result<Vec<Hit>, String> {
+        merge(k, parts)
     }
 }
 
-// Exported only in the component build: native (test) builds have no component ABI.
-#[cfg(target_arch = "wasm32")]
-export!(Component);
+sluice_policy::merge_policy!(Policy, settings = []);
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,7 @@
 
 extern crate alloc;
 
+use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
 /// A priority bucket, coded as in the WIT `bucket` enum: 0 urgent, 1 normal, 2 low.
@@ -442,4 +443,41 @@ mod tests {
         assert_eq!(name_code(""), 0x811c_9dc5);
         assert_eq!(name_code("a"), 0xe40c_292c);
     }
+}
+
+/// One child's answer: its hits, nearest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Part {
+    pub child: u32,
+    pub weight: f32,
+    pub hits: Vec<Hit>,
+}
+
+/// Unpacks the children's hits: each run of one child's hits is that child's part.
+pub fn parts(weights: &[f32], words: &[u64]) -> Result<Vec<Part>, String> {
+    let mut parts: Vec<Part> = Vec::new();
+    if !words.len().is_multiple_of(HIT_WORDS) {
+        return Err("the hits are not a whole number of 2-word records".into());
+    }
+    for pair in words.chunks_exact(HIT_WORDS) {
+        let (child, hit) = Hit::read_part(pair).map_err(|e| e.0.to_string())?;
+        match parts.last_mut() {
+            Some(part) if part.child == child => part.hits.push(hit),
+            _ => parts.push(Part {
+                child,
+                weight: weights.get(child as usize).copied().unwrap_or(1.0),
+                hits: alloc::vec![hit],
+            }),
+        }
+    }
+    Ok(parts)
+}
+
+/// Packs merged hits as a merge policy answers them.
+pub fn pack_hits(hits: &[Hit]) -> Vec<u64> {
+    let mut answer = Vec::with_capacity(hits.len() * HIT_WORDS);
+    for hit in hits {
+        hit.write(&mut answer);
+    }
+    answer
 }

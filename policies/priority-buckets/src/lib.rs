@@ -14,10 +14,7 @@ use alloc::string::String;
 use alloc::string::ToString;
 use alloc::vec::Vec;
 
-wit_bindgen::generate!({ world: "priority-policy", path: "../../wit" });
-
-use exports::sluice::policy::priority::Guest;
-use policy_packed::{Admission, VIEW_WORDS, View};
+use sluice_policy::packed::{Admission, View};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
@@ -44,7 +41,10 @@ const NAMES: [&str; 4] = [
 
 impl Settings {
     pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
-        let config = policy_config::Config::parse(bytes, &NAMES)?;
+        Self::from_config(&sluice_policy::Config::parse(bytes, &NAMES)?)
+    }
+
+    pub fn from_config(config: &sluice_policy::Config) -> Result<Settings, String> {
         let defaults = Settings::default();
         let mut timeout_factor_milli = defaults.timeout_factor_milli;
         for (slot, name) in timeout_factor_milli.iter_mut().zip(&NAMES[..3]) {
@@ -80,50 +80,26 @@ impl Settings {
     }
 }
 
-static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
-
-#[allow(dead_code)] // used by `export!` in the wasm32 build only
-struct Component;
-
-impl Guest for Component {
-    fn init(config: Vec<u8>) -> Result<(), String> {
-        SETTINGS.set(Settings::parse(&config)?);
-        Ok(())
+impl sluice_policy::Priority for Settings {
+    fn init(config: &sluice_policy::Config) -> Result<Self, String> {
+        Settings::from_config(config)
     }
 
-    fn bucket_weights() -> Vec<u32> {
-        SETTINGS.get().weights.to_vec()
+    fn bucket_weights(&self) -> [u32; 3] {
+        self.weights
     }
 
-    fn admit(_now_ms: u64, tasks: Vec<u64>) -> Vec<u64> {
-        let settings = SETTINGS.get();
-        let mut answers = Vec::with_capacity(tasks.len() / VIEW_WORDS * 3);
-        // The host sends well-formed views; a malformed one ends the answer short, which the
-        // host counts as a fault of this policy.
-        for words in tasks.chunks_exact(VIEW_WORDS) {
-            let Ok(task) = View::read(words) else { break };
-            settings.admit(&task).write(&mut answers);
-        }
-        answers
-    }
-
-    fn admit_one(_now_ms: u64, task: (u64, u64, u64, u64, u64, u64)) -> (u64, u64, u64) {
-        match View::from_words(task) {
-            Ok(task) => SETTINGS.get().admit(&task).words(),
-            // Not an admission the host can use: it counts as a fault of this policy.
-            Err(_) => (u64::MAX, 0, 0),
-        }
+    fn admit(&self, _now_ms: u64, task: &View) -> Admission {
+        Settings::admit(self, task)
     }
 }
 
-// Exported only in the component build: native (test) builds have no component ABI.
-#[cfg(target_arch = "wasm32")]
-export!(Component);
+sluice_policy::priority_policy!(Settings, settings = NAMES);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use policy_packed::Bucket;
+    use sluice_policy::packed::Bucket;
 
     fn task(seq: u64, bucket: Bucket, est_exec_ms: u64) -> View {
         View {

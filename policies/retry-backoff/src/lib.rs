@@ -10,18 +10,17 @@ extern crate alloc;
 
 use alloc::format;
 use alloc::string::String;
-use alloc::vec::Vec;
 
-wit_bindgen::generate!({ world: "retry-policy", path: "../../wit" });
-
-use exports::sluice::policy::retry::Guest;
-use policy_packed::{DeadReason, Decision, ErrorClass, FAILURE_WORDS, Failure};
+use sluice_policy::{Config, DeadReason, Decision, ErrorClass, Failure};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
     pub initial_delay_ms: u64,
     pub max_delay_ms: u64,
 }
+
+/// The settings the config may set.
+pub const SETTING_NAMES: [&str; 2] = ["initial_delay_ms", "max_delay_ms"];
 
 /// No delay may exceed a day, whatever the configuration says.
 pub const DELAY_LIMIT_MS: u64 = 24 * 3_600_000;
@@ -37,7 +36,10 @@ impl Default for Settings {
 
 impl Settings {
     pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
-        let config = policy_config::Config::parse(bytes, &["initial_delay_ms", "max_delay_ms"])?;
+        Self::from_config(&Config::parse(bytes, &SETTING_NAMES)?)
+    }
+
+    pub fn from_config(config: &Config) -> Result<Settings, String> {
         let defaults = Settings::default();
         let settings = Settings {
             initial_delay_ms: config.u64_or("initial_delay_ms", defaults.initial_delay_ms)?,
@@ -81,47 +83,17 @@ impl Settings {
     }
 }
 
-static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
-
-#[allow(dead_code)] // used by `export!` in the wasm32 build only
-struct Component;
-
-impl Guest for Component {
-    fn init(config: Vec<u8>) -> Result<(), String> {
-        SETTINGS.set(Settings::parse(&config)?);
-        Ok(())
+impl sluice_policy::Retry for Settings {
+    fn init(config: &Config) -> Result<Self, String> {
+        Settings::from_config(config)
     }
 
-    fn decide(_now_ms: u64, failures: Vec<u64>) -> Vec<u64> {
-        let settings = SETTINGS.get();
-        // The host sends well-formed failures; a malformed one gets no answer, which the host
-        // counts as a fault of this policy.
-        failures
-            .chunks_exact(FAILURE_WORDS)
-            .map_while(|words| Failure::read(words).ok())
-            .map(|f| {
-                settings
-                    .decide(f.class, f.task.attempt, f.max_attempts, f.random)
-                    .word()
-            })
-            .collect()
-    }
-
-    fn decide_one(_now_ms: u64, failure: policy_packed::FailureWords) -> u64 {
-        match Failure::from_words(failure) {
-            Ok(f) => SETTINGS
-                .get()
-                .decide(f.class, f.task.attempt, f.max_attempts, f.random)
-                .word(),
-            // Not a decision the host can use: it counts as a fault of this policy.
-            Err(_) => u64::MAX,
-        }
+    fn decide(&self, _now_ms: u64, f: &Failure) -> Decision {
+        Settings::decide(self, f.class, f.task.attempt, f.max_attempts, f.random)
     }
 }
 
-// Exported only in the component build: native (test) builds have no component ABI.
-#[cfg(target_arch = "wasm32")]
-export!(Component);
+sluice_policy::retry_policy!(Settings, settings = ["initial_delay_ms", "max_delay_ms"]);
 
 #[cfg(test)]
 mod tests {

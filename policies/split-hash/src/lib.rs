@@ -11,9 +11,7 @@ extern crate alloc;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-wit_bindgen::generate!({ world: "split-policy", path: "../../wit" });
-
-use exports::sluice::policy::split::{Guest, ShardFilter, SplitRequest, Subtask};
+use sluice_policy::split::{ShardFilter, SplitRequest, Subtask};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
@@ -30,9 +28,15 @@ impl Default for Settings {
     }
 }
 
+/// The settings the config may set.
+pub const SETTING_NAMES: [&str; 2] = ["buckets", "max_children"];
+
 impl Settings {
     pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
-        let config = policy_config::Config::parse(bytes, &["buckets", "max_children"])?;
+        Self::from_config(&sluice_policy::Config::parse(bytes, &SETTING_NAMES)?)
+    }
+
+    pub fn from_config(config: &sluice_policy::Config) -> Result<Settings, String> {
         let settings = Settings {
             buckets: config.u32_or("buckets", 1)?,
             max_children: config.u32_or("max_children", 256)?,
@@ -44,7 +48,7 @@ impl Settings {
     }
 
     pub fn split(&self) -> Result<Vec<Subtask>, String> {
-        policy_config::check_children(self.buckets, self.max_children, "buckets")?;
+        sluice_policy::check_children(self.buckets, self.max_children, "buckets")?;
         Ok((0..self.buckets)
             .map(|bucket| Subtask {
                 filter: ShardFilter::IdHash((bucket, self.buckets)),
@@ -54,25 +58,17 @@ impl Settings {
     }
 }
 
-static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
-
-#[allow(dead_code)] // used by `export!` in the wasm32 build only
-struct Component;
-
-impl Guest for Component {
-    fn init(config: Vec<u8>) -> Result<(), String> {
-        SETTINGS.set(Settings::parse(&config)?);
-        Ok(())
+impl sluice_policy::Split for Settings {
+    fn init(config: &sluice_policy::Config) -> Result<Self, String> {
+        Settings::from_config(config)
     }
 
-    fn split(_request: SplitRequest) -> Result<Vec<Subtask>, String> {
-        SETTINGS.get().split()
+    fn split(&self, _request: &SplitRequest) -> Result<Vec<Subtask>, String> {
+        Settings::split(self)
     }
 }
 
-// Exported only in the component build: native (test) builds have no component ABI.
-#[cfg(target_arch = "wasm32")]
-export!(Component);
+sluice_policy::split_policy!(Settings, settings = SETTING_NAMES);
 
 #[cfg(test)]
 mod tests {

@@ -14,9 +14,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-wit_bindgen::generate!({ world: "split-policy", path: "../../wit" });
-
-use exports::sluice::policy::split::{Guest, ShardFilter, SplitRequest, Subtask};
+use sluice_policy::split::{ShardFilter, SplitRequest, Subtask};
 
 /// The most lists (centroids) a config may hold.
 pub const MAX_LISTS: usize = 65_536;
@@ -30,18 +28,21 @@ pub struct Settings {
     pub max_children: u32,
 }
 
+/// The settings the config may set.
+pub const SETTING_NAMES: [&str; 5] = [
+    "dim",
+    "centroids",
+    "nprobe",
+    "lists_per_child",
+    "max_children",
+];
+
 impl Settings {
     pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
-        let config = policy_config::Config::parse(
-            bytes,
-            &[
-                "dim",
-                "centroids",
-                "nprobe",
-                "lists_per_child",
-                "max_children",
-            ],
-        )?;
+        Self::from_config(&sluice_policy::Config::parse(bytes, &SETTING_NAMES)?)
+    }
+
+    pub fn from_config(config: &sluice_policy::Config) -> Result<Settings, String> {
         let settings = Settings {
             dim: config.u32_or("dim", 0)? as usize,
             centroids: config.list_or("centroids", &[])?,
@@ -112,7 +113,7 @@ impl Settings {
         let lists = self.probe(vector, nprobe)?;
         let per_child = self.lists_per_child as usize;
         let children = lists.len().div_ceil(per_child) as u32;
-        policy_config::check_children(children, self.max_children, "probed list groups")?;
+        sluice_policy::check_children(children, self.max_children, "probed list groups")?;
         Ok(lists
             .chunks(per_child)
             .map(|group| Subtask {
@@ -123,25 +124,17 @@ impl Settings {
     }
 }
 
-static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
-
-#[allow(dead_code)] // used by `export!` in the wasm32 build only
-struct Component;
-
-impl Guest for Component {
-    fn init(config: Vec<u8>) -> Result<(), String> {
-        SETTINGS.set(Settings::parse(&config)?);
-        Ok(())
+impl sluice_policy::Split for Settings {
+    fn init(config: &sluice_policy::Config) -> Result<Self, String> {
+        Settings::from_config(config)
     }
 
-    fn split(request: SplitRequest) -> Result<Vec<Subtask>, String> {
-        SETTINGS.get().split(&request.vector, request.nprobe)
+    fn split(&self, request: &SplitRequest) -> Result<Vec<Subtask>, String> {
+        Settings::split(self, &request.vector, request.nprobe)
     }
 }
 
-// Exported only in the component build: native (test) builds have no component ABI.
-#[cfg(target_arch = "wasm32")]
-export!(Component);
+sluice_policy::split_policy!(Settings, settings = SETTING_NAMES);
 
 #[cfg(test)]
 mod tests {

@@ -10,9 +10,7 @@ extern crate alloc;
 use alloc::string::String;
 use alloc::vec::Vec;
 
-wit_bindgen::generate!({ world: "split-policy", path: "../../wit" });
-
-use exports::sluice::policy::split::{Guest, ShardFilter, SplitRequest, Subtask};
+use sluice_policy::split::{ShardFilter, SplitRequest, Subtask};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Settings {
@@ -33,10 +31,15 @@ impl Default for Settings {
     }
 }
 
+/// The settings the config may set.
+pub const SETTING_NAMES: [&str; 4] = ["id_min", "id_max", "parts", "max_children"];
+
 impl Settings {
     pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
-        let config =
-            policy_config::Config::parse(bytes, &["id_min", "id_max", "parts", "max_children"])?;
+        Self::from_config(&sluice_policy::Config::parse(bytes, &SETTING_NAMES)?)
+    }
+
+    pub fn from_config(config: &sluice_policy::Config) -> Result<Settings, String> {
         let settings = Settings {
             id_min: config.u64_or("id_min", 0)?,
             id_max: config.u64_or("id_max", 1)?,
@@ -53,7 +56,7 @@ impl Settings {
     }
 
     pub fn split(&self) -> Result<Vec<Subtask>, String> {
-        policy_config::check_children(self.parts, self.max_children, "parts")?;
+        sluice_policy::check_children(self.parts, self.max_children, "parts")?;
         let span = self.id_max - self.id_min;
         let parts = u64::from(self.parts);
         let (size, extra) = (span / parts, span % parts);
@@ -72,25 +75,17 @@ impl Settings {
     }
 }
 
-static SETTINGS: policy_config::Slot<Settings> = policy_config::Slot::new();
-
-#[allow(dead_code)] // used by `export!` in the wasm32 build only
-struct Component;
-
-impl Guest for Component {
-    fn init(config: Vec<u8>) -> Result<(), String> {
-        SETTINGS.set(Settings::parse(&config)?);
-        Ok(())
+impl sluice_policy::Split for Settings {
+    fn init(config: &sluice_policy::Config) -> Result<Self, String> {
+        Settings::from_config(config)
     }
 
-    fn split(_request: SplitRequest) -> Result<Vec<Subtask>, String> {
-        SETTINGS.get().split()
+    fn split(&self, _request: &SplitRequest) -> Result<Vec<Subtask>, String> {
+        Settings::split(self)
     }
 }
 
-// Exported only in the component build: native (test) builds have no component ABI.
-#[cfg(target_arch = "wasm32")]
-export!(Component);
+sluice_policy::split_policy!(Settings, settings = SETTING_NAMES);
 
 #[cfg(test)]
 mod tests {

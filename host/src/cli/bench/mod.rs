@@ -2,7 +2,7 @@
 
 mod child;
 mod e2e;
-mod policy;
+pub mod policy;
 mod restart;
 mod server_histograms;
 mod sim;

@@ -20,7 +20,40 @@ pub struct PolicyBenchArgs {
     /// Decisions measured per (policy, batch size) pair.
     #[arg(long, default_value_t = 200_000)]
     decisions: usize,
+    /// Measure the components in DIR (retry_backoff.wasm, priority_buckets.wasm,
+    /// aging_threshold.wasm, merge_topk.wasm, as `cargo build` names them) instead of the
+    /// embedded ones: one binary then compares two builds of the policies in one sitting.
+    #[arg(long)]
+    components: Option<std::path::PathBuf>,
 }
+
+/// The measured policies: name, kind, embedded bytes, file name in `--components`.
+const MEASURED: [(&str, Kind, &[u8], &str); 4] = [
+    (
+        "priority-buckets",
+        Kind::Priority,
+        defaults::PRIORITY_BUCKETS,
+        "priority_buckets.wasm",
+    ),
+    (
+        "aging-threshold",
+        Kind::Aging,
+        defaults::AGING_THRESHOLD,
+        "aging_threshold.wasm",
+    ),
+    (
+        "retry-backoff",
+        Kind::Retry,
+        defaults::RETRY_BACKOFF,
+        "retry_backoff.wasm",
+    ),
+    (
+        "merge-topk",
+        Kind::Merge,
+        defaults::MERGE_TOPK,
+        "merge_topk.wasm",
+    ),
+];
 
 const BATCHES: [usize; 3] = [1, 100, 1000];
 /// Each figure is the best of this many runs: on a shared VM the slower runs measure the
@@ -40,17 +73,38 @@ fn best_of(
 }
 
 pub async fn run(args: PolicyBenchArgs) -> anyhow::Result<()> {
-    tokio::task::spawn_blocking(move || measure(args.decisions.clamp(1_000, 10_000_000))).await?
+    tokio::task::spawn_blocking(move || {
+        let components = match &args.components {
+            Some(dir) => MEASURED
+                .iter()
+                .map(|(_, _, _, file)| {
+                    let path = dir.join(file);
+                    std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?,
+            None => MEASURED
+                .iter()
+                .map(|(_, _, bytes, _)| bytes.to_vec())
+                .collect(),
+        };
+        measure(args.decisions.clamp(1_000, 10_000_000), &components)
+    })
+    .await?
 }
 
-fn measure(decisions: usize) -> anyhow::Result<()> {
+fn measure(decisions: usize, components: &[Vec<u8>]) -> anyhow::Result<()> {
     let runtime = Arc::new(PolicyRuntime::new(RuntimeOptions::default())?);
     outln!("(each figure: the best of {REPEATS} runs)")?;
-    measure_compile_and_swap(&runtime)?;
+    measure_compile_and_swap(&runtime, components)?;
     let dir = tempfile::tempdir().context("a temporary directory")?;
     let store = Arc::new(SledStore::open(dir.path(), &SledOptions::default())?);
     let registry = PolicyRegistry::open(runtime, store, RegistryOptions::default())?;
     measure_registry(&registry)?;
+    // The measured components as the active versions (the embedded ones are version 0).
+    for ((_, kind, _, _), bytes) in MEASURED.iter().zip(components) {
+        let uploaded = registry.upload(*kind, bytes, None, 0)?;
+        registry.activate(*kind, uploaded.version.version, 0)?;
+    }
 
     outln!()?;
     outln!(
@@ -102,9 +156,44 @@ fn measure(decisions: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What one decision of the active `kind` policy costs through `registry`, at each batch
+/// size (`sluice policy bench`).
+pub fn decision_costs(
+    registry: &PolicyRegistry,
+    kind: Kind,
+    decisions: usize,
+) -> anyhow::Result<()> {
+    let decisions = decisions.clamp(1_000, 10_000_000);
+    outln!(
+        "{:>6} {:>14}   (best of {REPEATS} runs)",
+        "batch",
+        "ns/decision"
+    )?;
+    for batch in BATCHES {
+        let rounds = (decisions / batch / REPEATS).max(1);
+        let (wasm, _) = best_of(|| match kind {
+            Kind::Retry => retry(registry, batch, rounds),
+            Kind::Priority => priority(registry, batch, rounds),
+            Kind::Aging => aging(registry, batch, rounds),
+            Kind::Merge => merge(registry, batch, rounds),
+            Kind::Split => anyhow::bail!(
+                "split policies are not benched yet: their cost is one call per split task, timed by `sluice bench e2e`"
+            ),
+        })?;
+        outln!(
+            "{batch:>6} {:>14.1}",
+            wasm.as_nanos() as f64 / (rounds * batch) as f64
+        )?;
+    }
+    Ok(())
+}
+
 /// Compile and swap times, each the best of `REPEATS`; the first compile of all also pays for
 /// the compiler's own start-up (the server pays it once, and only when its code cache is cold).
-fn measure_compile_and_swap(runtime: &Arc<PolicyRuntime>) -> anyhow::Result<()> {
+fn measure_compile_and_swap(
+    runtime: &Arc<PolicyRuntime>,
+    components: &[Vec<u8>],
+) -> anyhow::Result<()> {
     outln!(
         "{:<18} {:>16} {:>10} {:>10}",
         "policy",
@@ -112,16 +201,8 @@ fn measure_compile_and_swap(runtime: &Arc<PolicyRuntime>) -> anyhow::Result<()> 
         "compile_ms",
         "swap_ms"
     )?;
-    for (name, kind, bytes) in [
-        (
-            "priority-buckets",
-            Kind::Priority,
-            defaults::PRIORITY_BUCKETS,
-        ),
-        ("aging-threshold", Kind::Aging, defaults::AGING_THRESHOLD),
-        ("retry-backoff", Kind::Retry, defaults::RETRY_BACKOFF),
-        ("merge-topk", Kind::Merge, defaults::MERGE_TOPK),
-    ] {
+    for ((name, kind, _, _), bytes) in MEASURED.iter().zip(components) {
+        let (name, kind) = (*name, *kind);
         let mut first_compile = None;
         let (compile, swap) = best_of(|| {
             let started = Instant::now();

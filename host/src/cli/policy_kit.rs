@@ -1,0 +1,243 @@
+//! `sluice policy new|check|bench`: a platform team's local tools. `new` writes a buildable
+//! project on the Rust SDK (vendored, so it builds anywhere); `check` runs an upload's
+//! validation and conformance offline; `bench` prints what a decision of a component costs.
+
+use anyhow::{Context, bail};
+use sluice::policy::{
+    Check, Kind, PolicyRegistry, PolicyRuntime, RegistryError, RegistryOptions, RuntimeOptions,
+};
+use sluice::store::{SledOptions, SledStore};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The SDK and the crates under it, vendored into every new project.
+const VENDORED: [(&str, &str); 8] = [
+    (
+        "vendor/sluice-policy/src/lib.rs",
+        include_str!("../../../policies/sdk/src/lib.rs"),
+    ),
+    (
+        "vendor/sluice-policy/src/kinds.rs",
+        include_str!("../../../policies/sdk/src/kinds.rs"),
+    ),
+    (
+        "vendor/sluice-policy/src/instance.rs",
+        include_str!("../../../policies/sdk/src/instance.rs"),
+    ),
+    (
+        "vendor/sluice-policy/wit/policy.wit",
+        include_str!("../../../wit/policy.wit"),
+    ),
+    (
+        "vendor/policy-config/src/lib.rs",
+        include_str!("../../../policies/config/src/lib.rs"),
+    ),
+    (
+        "vendor/policy-packed/src/lib.rs",
+        include_str!("../../../policies/packed/src/lib.rs"),
+    ),
+    ("Cargo.lock", include_str!("../../../policies/Cargo.lock")),
+    ("vendor/sluice-policy/Cargo.toml", SDK_MANIFEST),
+];
+
+const SDK_MANIFEST: &str = r#"[package]
+name = "sluice-policy"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+policy-config = { path = "../policy-config" }
+policy-packed = { path = "../policy-packed" }
+spin = { version = "0.10", default-features = false, features = ["mutex", "spin_mutex"] }
+wit-bindgen = { version = "0.63", default-features = false, features = ["macros", "realloc"] }
+"#;
+
+const CONFIG_MANIFEST: &str = r#"[package]
+name = "policy-config"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+spin = { version = "0.10", default-features = false, features = ["mutex", "spin_mutex"] }
+
+[target.'cfg(target_arch = "wasm32")'.dependencies]
+dlmalloc = { version = "0.2", features = ["global"] }
+"#;
+
+const PACKED_MANIFEST: &str = r#"[package]
+name = "policy-packed"
+version = "0.1.0"
+edition = "2024"
+publish = false
+"#;
+
+fn project_manifest(name: &str) -> String {
+    format!(
+        r#"[package]
+name = "{name}"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[lib]
+crate-type = ["cdylib", "rlib"]
+
+[dependencies]
+sluice-policy = {{ path = "vendor/sluice-policy" }}
+
+# A workspace of its own: it builds for wasm32-wasip2, not for the machine it is on.
+[workspace]
+
+[profile.release]
+opt-level = 3
+lto = true
+codegen-units = 1
+strip = true
+"#
+    )
+}
+
+/// A first policy of each kind: the smallest useful logic, for the author to replace.
+fn template(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Retry => include_str!("../../assets/policy-templates/retry.rs"),
+        Kind::Aging => include_str!("../../assets/policy-templates/aging.rs"),
+        Kind::Priority => include_str!("../../assets/policy-templates/priority.rs"),
+        Kind::Split => include_str!("../../assets/policy-templates/split.rs"),
+        Kind::Merge => include_str!("../../assets/policy-templates/merge.rs"),
+    }
+}
+
+/// Writes the project `dir/name`; refuses to touch an existing directory.
+pub fn new_project(kind: Kind, name: &str, lang: &str, dir: &Path) -> anyhow::Result<PathBuf> {
+    if lang != "rust" {
+        bail!("--lang {lang}: only rust templates ship so far");
+    }
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !valid {
+        bail!(
+            "the name `{name}` must be 1 to 64 lower-case letters, digits, - or _, starting with a letter"
+        );
+    }
+    let root = dir.join(name);
+    if root.exists() {
+        bail!(
+            "{} exists already; choose another name or directory",
+            root.display()
+        );
+    }
+    let artifact = name.replace('-', "_");
+    let readme = format!(
+        "# {name}\n\nA {kind} policy for Sluice, on the Rust SDK (vendored in `vendor/`).\n\n```sh\n\
+         cargo test                                           # the logic, natively\n\
+         cargo build --release --target wasm32-wasip2         # the component\n\
+         sluice policy check target/wasm32-wasip2/release/{artifact}.wasm\n\
+         sluice policy bench target/wasm32-wasip2/release/{artifact}.wasm\n\
+         sluice policy upload {kind} target/wasm32-wasip2/release/{artifact}.wasm\n\
+         sluice policy activate {kind} VERSION\n```\n"
+    );
+    let mut files: Vec<(String, String)> = VENDORED
+        .iter()
+        .map(|(path, text)| ((*path).to_owned(), (*text).to_owned()))
+        .collect();
+    files.push((
+        "vendor/policy-config/Cargo.toml".into(),
+        CONFIG_MANIFEST.into(),
+    ));
+    files.push((
+        "vendor/policy-packed/Cargo.toml".into(),
+        PACKED_MANIFEST.into(),
+    ));
+    files.push(("Cargo.toml".into(), project_manifest(name)));
+    files.push(("src/lib.rs".into(), template(kind).to_owned()));
+    files.push(("README.md".into(), readme));
+    for (path, text) in files {
+        let path = root.join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(root)
+}
+
+/// A registry over a throwaway store: the server's validation, with nothing kept.
+fn scratch_registry() -> anyhow::Result<(tempfile::TempDir, PolicyRegistry)> {
+    let dir = tempfile::tempdir().context("a temporary directory")?;
+    let store = Arc::new(SledStore::open(
+        dir.path(),
+        &SledOptions {
+            fdatasync: false,
+            min_free_disk_bytes: 0,
+            ..SledOptions::default()
+        },
+    )?);
+    let runtime = Arc::new(PolicyRuntime::new(RuntimeOptions::default())?);
+    let registry = PolicyRegistry::open(runtime, store, RegistryOptions::default())?;
+    Ok((dir, registry))
+}
+
+/// Validates `bytes` as an upload would: as `kind`, or as whichever kind's world it is.
+/// Answers the kind and the registry it was stored in.
+pub fn check(
+    bytes: &[u8],
+    kind: Option<Kind>,
+    config: Option<String>,
+) -> anyhow::Result<(Kind, tempfile::TempDir, PolicyRegistry, u32)> {
+    let (dir, registry) = scratch_registry()?;
+    let kinds: Vec<Kind> = match kind {
+        Some(kind) => vec![kind],
+        None => Kind::ALL.to_vec(),
+    };
+    let named = kind.is_some();
+    let mut refusals = Vec::new();
+    for kind in kinds {
+        match registry.upload(kind, bytes, config.clone(), 0) {
+            Ok(uploaded) => return Ok((kind, dir, registry, uploaded.version.version)),
+            // Another kind's world: try the next kind unless one was named.
+            Err(RegistryError::Refused {
+                check: Check::World | Check::Imports,
+                detail,
+            }) if !named => refusals.push((kind, detail)),
+            Err(RegistryError::Refused { check, detail }) => {
+                bail!("refused as a policy of kind {kind}, at the {check} check: {detail}")
+            }
+            Err(other) => return Err(other.into()),
+        }
+    }
+    let tried: Vec<String> = refusals
+        .iter()
+        .map(|(kind, detail)| format!("{kind}: {detail}"))
+        .collect();
+    bail!(
+        "not a component of any policy world:\n  {}",
+        tried.join("\n  ")
+    )
+}
+
+/// Prints what one decision of the component costs, through the registry as the server makes
+/// it, one at a time and in batches.
+pub fn bench(
+    bytes: &[u8],
+    kind: Option<Kind>,
+    config: Option<String>,
+    decisions: usize,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let (kind, _dir, registry, version) = check(bytes, kind, config)?;
+    outln!(
+        "a {kind} policy of {} bytes: validated in {:.0} ms (compile, init, conformance)",
+        bytes.len(),
+        started.elapsed().as_secs_f64() * 1e3
+    )?;
+    registry.activate(kind, version, 0)?;
+    super::bench::policy::decision_costs(&registry, kind, decisions)
+}

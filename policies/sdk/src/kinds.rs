@@ -1,0 +1,313 @@
+//! One trait per policy kind, the glue from each kind's WIT exports to its trait (batch and
+//! `-one` calls alike), and the macros that export a type implementing the trait.
+
+use crate::Instance;
+use crate::split::{SplitRequest, Subtask};
+use alloc::string::String;
+use alloc::vec::Vec;
+use policy_config::Config;
+use policy_packed::{
+    ADMISSION_WORDS, Admission, Bucket, Decision, FAILURE_WORDS, Failure, FailureWords, Hit, Part,
+    VIEW_WORDS, View,
+};
+
+/// Admission: the bucket a task waits in, its rank there (lower first), and how long one
+/// attempt may run.
+pub trait Priority: Sized + 'static {
+    fn init(config: &Config) -> Result<Self, String>;
+    /// Shares of claims served from urgent, normal and low.
+    fn bucket_weights(&self) -> [u32; 3];
+    fn admit(&self, now_ms: u64, task: &View) -> Admission;
+}
+
+/// Aging: the bucket to move a task to, if it has waited too long where it is.
+pub trait Aging: Sized + 'static {
+    fn init(config: &Config) -> Result<Self, String>;
+    fn promote(&self, now_ms: u64, task: &View) -> Option<Bucket>;
+}
+
+/// Retry: what becomes of a failed attempt (a delay, or dead).
+pub trait Retry: Sized + 'static {
+    fn init(config: &Config) -> Result<Self, String>;
+    fn decide(&self, now_ms: u64, failure: &Failure) -> Decision;
+}
+
+/// Split: the children of a task too large for one worker.
+pub trait Split: Sized + 'static {
+    fn init(config: &Config) -> Result<Self, String>;
+    fn split(&self, request: &SplitRequest) -> Result<Vec<Subtask>, String>;
+}
+
+/// Merge: one answer from the children's answers, at most `k` hits, nearest first, each id
+/// once.
+pub trait Merge: Sized + 'static {
+    fn init(config: &Config) -> Result<Self, String>;
+    fn merge(&self, k: u32, parts: Vec<Part>) -> Result<Vec<Hit>, String>;
+}
+
+/// The exports' bodies, generic over the policy; the macros call these.
+pub mod glue {
+    use super::*;
+
+    /// A word no decision has: the host counts it as a fault of the policy.
+    const UNUSABLE: u64 = u64::MAX;
+
+    pub fn init<P>(
+        instance: &Instance<P>,
+        config: &[u8],
+        known: &[&str],
+        make: fn(&Config) -> Result<P, String>,
+    ) -> Result<(), String> {
+        let config = Config::parse(config, known)?;
+        instance.set(make(&config)?);
+        Ok(())
+    }
+
+    pub fn bucket_weights<P: Priority>(instance: &Instance<P>) -> Vec<u32> {
+        instance
+            .with(|p| p.bucket_weights().to_vec())
+            .unwrap_or_default()
+    }
+
+    pub fn admit<P: Priority>(instance: &Instance<P>, now_ms: u64, tasks: &[u64]) -> Vec<u64> {
+        instance
+            .with(|p| {
+                let mut answers = Vec::with_capacity(tasks.len() / VIEW_WORDS * ADMISSION_WORDS);
+                // A malformed view ends the answer short: a fault the host counts.
+                for words in tasks.chunks_exact(VIEW_WORDS) {
+                    let Ok(task) = View::read(words) else { break };
+                    p.admit(now_ms, &task).write(&mut answers);
+                }
+                answers
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn admit_one<P: Priority>(
+        instance: &Instance<P>,
+        now_ms: u64,
+        task: (u64, u64, u64, u64, u64, u64),
+    ) -> (u64, u64, u64) {
+        View::from_words(task)
+            .ok()
+            .and_then(|task| instance.with(|p| p.admit(now_ms, &task).words()))
+            .unwrap_or((UNUSABLE, 0, 0))
+    }
+
+    /// Promotions as (index in `waiting`, bucket), for the bindings' record.
+    pub fn age<P: Aging>(
+        instance: &Instance<P>,
+        now_ms: u64,
+        waiting: &[u64],
+    ) -> Vec<(u32, Bucket)> {
+        instance
+            .with(|p| {
+                waiting
+                    .chunks_exact(VIEW_WORDS)
+                    .map_while(|words| View::read(words).ok())
+                    .enumerate()
+                    .filter_map(|(index, task)| {
+                        p.promote(now_ms, &task).map(|to| (index as u32, to))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn age_one<P: Aging>(
+        instance: &Instance<P>,
+        now_ms: u64,
+        task: (u64, u64, u64, u64, u64, u64),
+    ) -> Option<Bucket> {
+        let task = View::from_words(task).ok()?;
+        instance.with(|p| p.promote(now_ms, &task)).flatten()
+    }
+
+    pub fn decide<P: Retry>(instance: &Instance<P>, now_ms: u64, failures: &[u64]) -> Vec<u64> {
+        instance
+            .with(|p| {
+                failures
+                    .chunks_exact(FAILURE_WORDS)
+                    .map_while(|words| Failure::read(words).ok())
+                    .map(|failure| p.decide(now_ms, &failure).word())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn decide_one<P: Retry>(instance: &Instance<P>, now_ms: u64, failure: FailureWords) -> u64 {
+        Failure::from_words(failure)
+            .ok()
+            .and_then(|failure| instance.with(|p| p.decide(now_ms, &failure).word()))
+            .unwrap_or(UNUSABLE)
+    }
+
+    pub fn split<P: Split>(
+        instance: &Instance<P>,
+        request: &SplitRequest,
+    ) -> Result<Vec<Subtask>, String> {
+        instance
+            .with(|p| p.split(request))
+            .unwrap_or_else(|| Err("the policy was not initialised".into()))
+    }
+
+    pub fn merge<P: Merge>(
+        instance: &Instance<P>,
+        k: u32,
+        weights: &[f32],
+        hits: &[u64],
+    ) -> Result<Vec<u64>, String> {
+        let parts = policy_packed::parts(weights, hits)?;
+        let merged = instance
+            .with(|p| p.merge(k, parts))
+            .unwrap_or_else(|| Err("the policy was not initialised".into()))?;
+        Ok(policy_packed::pack_hits(&merged))
+    }
+}
+
+/// Exports `$policy: Priority` as a priority-policy component; `settings` are the names its
+/// config may set (any other is refused at `init`).
+#[macro_export]
+macro_rules! priority_policy {
+    ($policy:ty, settings = $names:expr $(,)?) => {
+        #[cfg(target_arch = "wasm32")]
+        mod __sluice_policy_export {
+            use super::*;
+            use $crate::__private::{String, Vec, glue};
+            use $crate::bindings::priority::exports::sluice::policy::priority::Guest;
+            static INSTANCE: $crate::Instance<$policy> = $crate::Instance::new();
+            pub struct Component;
+            impl Guest for Component {
+                fn init(config: Vec<u8>) -> Result<(), String> {
+                    glue::init(&INSTANCE, &config, &$names, <$policy as $crate::Priority>::init)
+                }
+                fn bucket_weights() -> Vec<u32> {
+                    glue::bucket_weights(&INSTANCE)
+                }
+                fn admit(now_ms: u64, tasks: Vec<u64>) -> Vec<u64> {
+                    glue::admit(&INSTANCE, now_ms, &tasks)
+                }
+                fn admit_one(now_ms: u64, task: (u64, u64, u64, u64, u64, u64)) -> (u64, u64, u64) {
+                    glue::admit_one(&INSTANCE, now_ms, task)
+                }
+            }
+            $crate::bindings::priority::__export_priority_world!(Component with_types_in $crate::bindings::priority);
+        }
+    };
+}
+
+/// Exports `$policy: Aging` as an aging-policy component.
+#[macro_export]
+macro_rules! aging_policy {
+    ($policy:ty, settings = $names:expr $(,)?) => {
+        #[cfg(target_arch = "wasm32")]
+        mod __sluice_policy_export {
+            use super::*;
+            use $crate::__private::{String, Vec, glue};
+            use $crate::bindings::aging::exports::sluice::policy::aging::{Guest, Promotion};
+            use $crate::bindings::aging::sluice::policy::types::Bucket as WitBucket;
+            static INSTANCE: $crate::Instance<$policy> = $crate::Instance::new();
+            fn wit(bucket: $crate::Bucket) -> WitBucket {
+                match bucket {
+                    $crate::Bucket::Urgent => WitBucket::Urgent,
+                    $crate::Bucket::Normal => WitBucket::Normal,
+                    $crate::Bucket::Low => WitBucket::Low,
+                }
+            }
+            pub struct Component;
+            impl Guest for Component {
+                fn init(config: Vec<u8>) -> Result<(), String> {
+                    glue::init(&INSTANCE, &config, &$names, <$policy as $crate::Aging>::init)
+                }
+                fn age(now_ms: u64, waiting: Vec<u64>) -> Vec<Promotion> {
+                    glue::age(&INSTANCE, now_ms, &waiting)
+                        .into_iter()
+                        .map(|(index, to)| Promotion { index, to: wit(to) })
+                        .collect()
+                }
+                fn age_one(now_ms: u64, task: (u64, u64, u64, u64, u64, u64)) -> Option<WitBucket> {
+                    glue::age_one(&INSTANCE, now_ms, task).map(wit)
+                }
+            }
+            $crate::bindings::aging::__export_aging_world!(Component with_types_in $crate::bindings::aging);
+        }
+    };
+}
+
+/// Exports `$policy: Retry` as a retry-policy component.
+#[macro_export]
+macro_rules! retry_policy {
+    ($policy:ty, settings = $names:expr $(,)?) => {
+        #[cfg(target_arch = "wasm32")]
+        mod __sluice_policy_export {
+            use super::*;
+            use $crate::__private::{String, Vec, glue};
+            use $crate::bindings::retry::exports::sluice::policy::retry::Guest;
+            static INSTANCE: $crate::Instance<$policy> = $crate::Instance::new();
+            pub struct Component;
+            impl Guest for Component {
+                fn init(config: Vec<u8>) -> Result<(), String> {
+                    glue::init(&INSTANCE, &config, &$names, <$policy as $crate::Retry>::init)
+                }
+                fn decide(now_ms: u64, failures: Vec<u64>) -> Vec<u64> {
+                    glue::decide(&INSTANCE, now_ms, &failures)
+                }
+                fn decide_one(
+                    now_ms: u64,
+                    failure: (u64, u64, u64, u64, u64, u64, u64, u64),
+                ) -> u64 {
+                    glue::decide_one(&INSTANCE, now_ms, failure)
+                }
+            }
+            $crate::bindings::retry::__export_retry_world!(Component with_types_in $crate::bindings::retry);
+        }
+    };
+}
+
+/// Exports `$policy: Split` as a split-policy component.
+#[macro_export]
+macro_rules! split_policy {
+    ($policy:ty, settings = $names:expr $(,)?) => {
+        #[cfg(target_arch = "wasm32")]
+        mod __sluice_policy_export {
+            use super::*;
+            use $crate::__private::{String, Vec, glue};
+            use $crate::bindings::split::exports::sluice::policy::split::Guest;
+            static INSTANCE: $crate::Instance<$policy> = $crate::Instance::new();
+            pub struct Component;
+            impl Guest for Component {
+                fn init(config: Vec<u8>) -> Result<(), String> {
+                    glue::init(&INSTANCE, &config, &$names, <$policy as $crate::Split>::init)
+                }
+                fn split(request: $crate::split::SplitRequest) -> Result<Vec<$crate::split::Subtask>, String> {
+                    glue::split(&INSTANCE, &request)
+                }
+            }
+            $crate::bindings::split::__export_split_world!(Component with_types_in $crate::bindings::split);
+        }
+    };
+}
+
+/// Exports `$policy: Merge` as a merge-policy component.
+#[macro_export]
+macro_rules! merge_policy {
+    ($policy:ty, settings = $names:expr $(,)?) => {
+        #[cfg(target_arch = "wasm32")]
+        mod __sluice_policy_export {
+            use super::*;
+            use $crate::__private::{String, Vec, glue};
+            use $crate::bindings::merge::exports::sluice::policy::merge::Guest;
+            static INSTANCE: $crate::Instance<$policy> = $crate::Instance::new();
+            pub struct Component;
+            impl Guest for Component {
+                fn init(config: Vec<u8>) -> Result<(), String> {
+                    glue::init(&INSTANCE, &config, &$names, <$policy as $crate::Merge>::init)
+                }
+                fn merge(k: u32, weights: Vec<f32>, hits: Vec<u64>) -> Result<Vec<u64>, String> {
+                    glue::merge(&INSTANCE, k, &weights, &hits)
+                }
+            }
+            $crate::bindings::merge::__export_merge_world!(Component with_types_in $crate::bindings::merge);
+        }
+    };
+}
