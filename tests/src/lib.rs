@@ -413,6 +413,27 @@ pub async fn put_policy(
     answer(request.send().await.expect("PUT")).await
 }
 
+/// Runs the `sluice` command with `args` and `env` (logs at warn), waiting for it.
+pub fn run_sluice(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    Command::new(sluice_binary())
+        .args(args)
+        .env("SLUICE_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sluice")
+}
+
+/// The stdout of a command that must have succeeded (its stderr in the failure otherwise).
+pub fn succeeded(output: std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8 output")
+}
+
 /// A running `sluice worker`, killed if the test ends without stopping it.
 pub struct Worker {
     child: Child,

@@ -3,7 +3,7 @@
 //! policy check`, benches, uploads through the CLI and decides live on a real server.
 
 use sluice_tests::*;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 /// Retries a failure after exactly `delay_ms` (the built-in policy draws a jittered backoff
 /// of up to 5 minutes), except those that must be dead.
@@ -39,27 +39,13 @@ sluice_policy::retry_policy!(Stubborn, settings = ["delay_ms"]);
 "#;
 
 fn sluice(args: &[&str]) -> Output {
-    Command::new(sluice_binary())
-        .args(args)
-        .env("SLUICE_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run sluice")
-}
-
-fn ok(output: Output) -> String {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
+    run_sluice(args, &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_policy_from_the_template_builds_checks_uploads_and_decides_live() {
     let dir = tempfile::tempdir().unwrap();
-    let created = ok(sluice(&[
+    let created = succeeded(sluice(&[
         "policy",
         "new",
         "retry",
@@ -77,12 +63,12 @@ async fn a_retry_policy_from_the_template_builds_checks_uploads_and_decides_live
     let file = dir.path().join("my_retry.wasm");
     std::fs::write(&file, &component).unwrap();
 
-    let checked = ok(sluice(&["policy", "check", file.to_str().unwrap()]));
+    let checked = succeeded(sluice(&["policy", "check", file.to_str().unwrap()]));
     assert!(checked.contains("is a retry policy"), "{checked}");
     let refused = sluice(&["policy", "check", "--kind", "merge", file.to_str().unwrap()]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("world"));
-    let benched = ok(sluice(&[
+    let benched = succeeded(sluice(&[
         "policy",
         "bench",
         file.to_str().unwrap(),
@@ -95,7 +81,7 @@ async fn a_retry_policy_from_the_template_builds_checks_uploads_and_decides_live
     );
 
     let server = Server::start(&dir.path().join("data"));
-    let uploaded = ok(sluice(&[
+    let uploaded = succeeded(sluice(&[
         "policy",
         "upload",
         "--server",
@@ -105,7 +91,7 @@ async fn a_retry_policy_from_the_template_builds_checks_uploads_and_decides_live
     ]));
     let version: Value = serde_json::from_str(&uploaded).unwrap();
     let version = version["version"].as_u64().unwrap().to_string();
-    ok(sluice(&[
+    succeeded(sluice(&[
         "policy",
         "activate",
         "--server",

@@ -5,33 +5,18 @@
 
 use sluice_tests::*;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 const ROOT: &str = "root-token-for-the-signing-test";
 
 fn sluice(args: &[&str]) -> Output {
-    Command::new(sluice_binary())
-        .args(args)
-        .env("SLUICE_TOKEN", ROOT)
-        .env("SLUICE_LOG", "warn")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run sluice")
-}
-
-fn ok(output: Output) -> String {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
+    run_sluice(args, &[("SLUICE_TOKEN", ROOT)])
 }
 
 /// Makes a key pair with the CLI; answers the config line it printed.
 fn keygen(dir: &Path, id: &str) -> String {
     let key = dir.join(format!("{id}.key"));
-    let printed = ok(sluice(&[
+    let printed = succeeded(sluice(&[
         "policy",
         "keygen",
         "--id",
@@ -53,7 +38,7 @@ fn keygen(dir: &Path, id: &str) -> String {
 
 fn sign(dir: &Path, id: &str, component: &Path) -> String {
     let key = dir.join(format!("{id}.key"));
-    ok(sluice(&[
+    succeeded(sluice(&[
         "policy",
         "sign",
         "--key",
@@ -144,7 +129,7 @@ async fn only_components_signed_by_a_trusted_key_are_stored() {
     );
 
     // The CLI's upload sends the signature beside the file; the version keeps its key id.
-    let uploaded = ok(sluice(&[
+    let uploaded = succeeded(sluice(&[
         "policy",
         "upload",
         "--server",
@@ -155,7 +140,7 @@ async fn only_components_signed_by_a_trusted_key_are_stored() {
     let uploaded: Value = serde_json::from_str(&uploaded).unwrap();
     assert_eq!(uploaded["version"], 1);
     assert_eq!(uploaded["signed_by"], "ops-1");
-    ok(sluice(&[
+    succeeded(sluice(&[
         "policy",
         "activate",
         "--server",

@@ -110,6 +110,22 @@ async fn texts(page: &Client, css: &str) -> Vec<String> {
     out
 }
 
+/// Waits until the recent events list a line about task `id`.
+async fn wait_for_event_of(page: &Client, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !texts(page, "#events li")
+        .await
+        .iter()
+        .any(|line| line.contains(id))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the events of {id} did not stream in"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Types `id` into the lookup box, replacing what was there, and asks for it.
 async fn look_up(page: &Client, id: &str) {
     let input = page.find(Locator::Id("lookup-id")).await.unwrap();
@@ -222,18 +238,7 @@ async fn the_status_page_shows_queues_live_events_and_a_task_timeline_in_chromiu
     // Live: a task submitted now shows in the stream and in the queue numbers.
     let late = submit(&client, &server, "urgent").await;
     wait_for_text(&page, "#queue-urgent", "4").await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !texts(&page, "#events li")
-        .await
-        .iter()
-        .any(|line| line.contains(&late))
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the new task's events did not stream in"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_event_of(&page, &late).await;
 
     // Lookup: the completed task's timeline, step by step.
     look_up(&page, &done).await;
@@ -338,18 +343,7 @@ async fn with_auth_on_the_status_page_asks_for_a_viewer_token_and_streams_with_i
         .await
         .expect("a viewer is told policies are for admins");
     let late = submit(&admin, &server, "urgent").await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !texts(&page, "#events li")
-        .await
-        .iter()
-        .any(|line| line.contains(&late))
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the new task's events did not stream in"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_event_of(&page, &late).await;
     // The token stays in the tab: a reload does not ask again.
     page.refresh().await.unwrap();
     wait_for_text(&page, "#queue-urgent", "3").await;
