@@ -151,6 +151,7 @@ impl Client {
         component: Vec<u8>,
         config: Option<&str>,
         signature: Option<&str>,
+        grants: (Option<u64>, Option<u64>),
     ) -> Result<Value, ClientError> {
         let url = format!("{}/v1/policies/{kind}", self.base);
         let mut request = self
@@ -163,6 +164,13 @@ impl Client {
         }
         if let Some(config) = config {
             request = request.query(&[("config", config)]);
+        }
+        let (memory_limit_bytes, call_fuel) = grants;
+        if let Some(bytes) = memory_limit_bytes {
+            request = request.query(&[("memory_limit_bytes", bytes)]);
+        }
+        if let Some(fuel) = call_fuel {
+            request = request.query(&[("call_fuel", fuel)]);
         }
         let response = self.send(&url, request).await?;
         Self::decode(&url, response).await

@@ -49,6 +49,9 @@ pub struct ServeConfig {
     pub policy_configs: BTreeMap<PolicyKind, String>,
     pub policy_memory_limit_bytes: usize,
     pub policy_call_fuel: u64,
+    /// The most an upload may grant its version (`memory_limit_bytes`, `call_fuel`).
+    pub policy_max_memory_limit_bytes: usize,
+    pub policy_max_call_fuel: u64,
     /// A policy version is deactivated after this many faults within the window.
     pub policy_max_faults: u32,
     pub policy_fault_window_ms: u64,
@@ -107,6 +110,8 @@ impl Default for ServeConfig {
             policy_configs: BTreeMap::new(),
             policy_memory_limit_bytes: 16 * 1024 * 1024,
             policy_call_fuel: 50_000_000,
+            policy_max_memory_limit_bytes: 256 * 1024 * 1024,
+            policy_max_call_fuel: 10_000_000_000,
             policy_max_faults: 5,
             policy_fault_window_ms: 60_000,
             max_policy_bytes: 16 * 1024 * 1024,
@@ -149,6 +154,8 @@ pub struct FileConfig {
     pub sync_claims: Option<bool>,
     pub policy_memory_limit_bytes: Option<usize>,
     pub policy_call_fuel: Option<u64>,
+    pub policy_max_memory_limit_bytes: Option<usize>,
+    pub policy_max_call_fuel: Option<u64>,
     pub policy_max_faults: Option<u32>,
     pub policy_fault_window_ms: Option<u64>,
     pub max_policy_bytes: Option<usize>,
@@ -222,6 +229,12 @@ impl ServeConfig {
                 .policy_memory_limit_bytes
                 .unwrap_or(defaults.policy_memory_limit_bytes),
             policy_call_fuel: file.policy_call_fuel.unwrap_or(defaults.policy_call_fuel),
+            policy_max_memory_limit_bytes: file
+                .policy_max_memory_limit_bytes
+                .unwrap_or(defaults.policy_max_memory_limit_bytes),
+            policy_max_call_fuel: file
+                .policy_max_call_fuel
+                .unwrap_or(defaults.policy_max_call_fuel),
             policy_max_faults: file.policy_max_faults.unwrap_or(defaults.policy_max_faults),
             policy_fault_window_ms: file
                 .policy_fault_window_ms
@@ -356,6 +369,19 @@ impl ServeConfig {
             return Err(invalid(
                 "policy_memory_limit_bytes",
                 "must be 1 MiB to 1 GiB",
+            ));
+        }
+        if !(self.policy_memory_limit_bytes..=4 << 30).contains(&self.policy_max_memory_limit_bytes)
+        {
+            return Err(invalid(
+                "policy_max_memory_limit_bytes",
+                "must be at least policy_memory_limit_bytes and at most 4 GiB",
+            ));
+        }
+        if !(self.policy_call_fuel..=100_000_000_000).contains(&self.policy_max_call_fuel) {
+            return Err(invalid(
+                "policy_max_call_fuel",
+                "must be at least policy_call_fuel and at most 100000000000",
             ));
         }
         if !(1_000..=10_000_000_000).contains(&self.policy_call_fuel) {

@@ -106,6 +106,8 @@ impl Server {
         let runtime = Arc::new(PolicyRuntime::new(RuntimeOptions {
             memory_limit_bytes: config.policy_memory_limit_bytes,
             call_fuel: config.policy_call_fuel,
+            max_memory_limit_bytes: config.policy_max_memory_limit_bytes,
+            max_call_fuel: config.policy_max_call_fuel,
         })?);
         let policies = Arc::new(PolicyRegistry::open(
             runtime,

@@ -130,3 +130,102 @@ async fn a_retry_policy_from_the_template_builds_checks_uploads_and_decides_live
         failed.body
     );
 }
+
+/// Memory and fuel are granted per version at upload: a component that holds 24 MiB from
+/// `init` is refused under the default 16 MiB and accepted with a larger grant, which the
+/// version keeps across a restart; grants past the server's maximum are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_fuel_are_granted_per_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big_init.wasm");
+    std::fs::write(&file, policy_component("hostile", Some("big-init"))).unwrap();
+    let path = file.to_str().unwrap();
+    let refused = sluice(&["policy", "check", path]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("init"));
+    succeeded(sluice(&[
+        "policy",
+        "check",
+        path,
+        "--memory-limit",
+        "67108864",
+    ]));
+
+    let data = dir.path().join("data");
+    let server = Server::start(&data);
+    let client = http();
+    let bytes = std::fs::read(&file).unwrap();
+    let put = |query: &'static str| {
+        let (client, url, bytes) = (
+            client.clone(),
+            server.endpoint(&format!("/v1/policies/retry{query}")),
+            bytes.clone(),
+        );
+        async move {
+            answer(
+                client
+                    .put(url)
+                    .header("content-type", "application/wasm")
+                    .body(bytes)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    let default = put("").await;
+    assert_problem(&default, 422, "policy-refused");
+    assert_eq!(default.body["check"], "init", "{:?}", default.body);
+    let too_much = put("?memory_limit_bytes=1099511627776").await;
+    assert_problem(&too_much, 422, "policy-refused");
+    assert_eq!(too_much.body["check"], "grants", "{:?}", too_much.body);
+    let too_little_fuel = put("?call_fuel=10").await;
+    assert_eq!(
+        too_little_fuel.body["check"], "grants",
+        "{:?}",
+        too_little_fuel.body
+    );
+    let granted = put("?memory_limit_bytes=67108864").await;
+    assert_eq!(granted.status, 201, "{:?}", granted.body);
+    assert_eq!(granted.body["memory_limit_bytes"], 67108864);
+    let version = granted.body["version"].as_u64().unwrap();
+    let activated = post_json(
+        &client,
+        &server.endpoint("/v1/policies/retry/activate"),
+        &json!({"version": version}),
+    )
+    .await;
+    assert_eq!(activated.status, 200, "{:?}", activated.body);
+
+    // After a restart the version is loaded with its grant again, and decides.
+    assert!(server.terminate().success());
+    let server = Server::start(&data);
+    let detail = get_json(&client, &server.endpoint("/v1/policies/retry")).await;
+    assert_eq!(detail.body["active_version"], version, "{:?}", detail.body);
+    let submitted = post_json(
+        &client,
+        &server.endpoint("/v1/tasks"),
+        &json!({"kind": "oct.scan"}),
+    )
+    .await;
+    let id = submitted.body["id"].as_str().unwrap().to_owned();
+    register_worker(&client, &server, "gpu-1", 1).await;
+    let lease = claim_lease(&client, &server, "gpu-1").await;
+    let token = lease["lease_token"].as_str().unwrap();
+    let failed = report(
+        &client,
+        &server,
+        &id,
+        "fail",
+        json!({"lease_token": token, "class": "transient"}),
+    )
+    .await;
+    assert_eq!(failed.body["state"], "retry_wait", "{:?}", failed.body);
+    // The hostile policy's own delay (1000 + now % 1000), not the built-in's backoff.
+    let delay = failed.body["not_before_ms"].as_u64().unwrap()
+        - failed.body["updated_at_ms"].as_u64().unwrap();
+    assert!((1000..2000).contains(&delay), "{delay}");
+    let counters = get_json(&client, &server.endpoint("/v1/policies/retry")).await;
+    assert_eq!(counters.body["faults_total"], 0, "{:?}", counters.body);
+}

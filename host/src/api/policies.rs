@@ -7,8 +7,8 @@ use super::guard::Caller;
 use super::problem::ApiError;
 use crate::auth::signing::SIGNATURE_HEADER;
 use crate::model::PolicyKind;
-use crate::policy::Uploaded;
 use crate::policy::{KindStatus, MAX_CONFIG_BYTES, PolicyRegistry};
+use crate::policy::{UploadOptions, Uploaded};
 use crate::scheduler::{Clock, SystemClock};
 use axum::Json;
 use axum::body::Body;
@@ -38,6 +38,12 @@ async fn blocking<T: Send + 'static>(
 struct UploadQuery {
     /// `name=value` lines for the component's `init`; without it, the server's config.
     config: Option<String>,
+    /// Memory this version's instances may use, in bytes (1 MiB to
+    /// `policy_max_memory_limit_bytes`); without it, `policy_memory_limit_bytes`.
+    memory_limit_bytes: Option<u64>,
+    /// Fuel per call of this version's instances (1000 to `policy_max_call_fuel`); without
+    /// it, `policy_call_fuel`.
+    call_fuel: Option<u64>,
 }
 
 /// Stores a component (`application/wasm`) as the next version of a kind, once it compiles,
@@ -105,7 +111,13 @@ pub async fn upload(
     // Checked before anything is compiled or stored: an unsigned module is never kept.
     let signed_by = state.signing_keys.verify(&bytes, signature)?;
     let uploaded = blocking(&state.policies, move |registry, now_ms| {
-        Ok(registry.upload_signed(kind, &bytes, query.config, signed_by, now_ms)?)
+        let options = UploadOptions {
+            config: query.config,
+            signed_by,
+            memory_limit_bytes: query.memory_limit_bytes,
+            call_fuel: query.call_fuel,
+        };
+        Ok(registry.upload_with(kind, &bytes, options, now_ms)?)
     })
     .await?;
     if uploaded.created {

@@ -8,6 +8,17 @@ use sluice::client::Client;
 use sluice::policy::defaults;
 use std::path::PathBuf;
 
+/// What a version's instances are granted, when not the server's defaults.
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+pub struct GrantArgs {
+    /// Memory each instance may use, in bytes [default: the server's policy_memory_limit_bytes]
+    #[arg(long = "memory-limit")]
+    pub memory_limit_bytes: Option<u64>,
+    /// Fuel (about one unit a wasm instruction) each call may burn [default: policy_call_fuel]
+    #[arg(long = "fuel")]
+    pub call_fuel: Option<u64>,
+}
+
 #[derive(clap::Subcommand)]
 pub enum PolicyCommand {
     /// Validate and store a component as the next version of a kind (not yet active).
@@ -32,6 +43,8 @@ pub enum PolicyCommand {
         /// Sluice-Signature header; without it, FILE.sig is sent when it exists.
         #[arg(long)]
         signature: Option<PathBuf>,
+        #[command(flatten)]
+        grants: GrantArgs,
     },
     /// Write a buildable policy project on the Rust SDK: DIR/NAME (the SDK vendored inside).
     New {
@@ -56,6 +69,8 @@ pub enum PolicyCommand {
         /// A setting for the component's init, name=value; repeatable.
         #[arg(long = "config")]
         settings: Vec<String>,
+        #[command(flatten)]
+        grants: GrantArgs,
     },
     /// What one decision of a component costs, one at a time and in batches.
     Bench {
@@ -64,6 +79,8 @@ pub enum PolicyCommand {
         kind: Option<String>,
         #[arg(long = "config")]
         settings: Vec<String>,
+        #[command(flatten)]
+        grants: GrantArgs,
         /// Decisions measured per batch size.
         #[arg(long, default_value_t = 100_000)]
         decisions: usize,
@@ -117,6 +134,7 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             builtin,
             settings,
             signature,
+            grants,
         } => {
             let component = match (&file, &builtin) {
                 (_, Some(name)) => defaults::by_name(name)
@@ -142,7 +160,13 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
                 None => None,
             };
             client(&server)?
-                .upload_policy(&kind, component, config.as_deref(), signature.as_deref())
+                .upload_policy(
+                    &kind,
+                    component,
+                    config.as_deref(),
+                    signature.as_deref(),
+                    (grants.memory_limit_bytes, grants.call_fuel),
+                )
                 .await?
         }
         PolicyCommand::Keygen { id, out } => return keygen(&id, &out),
@@ -160,11 +184,12 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             file,
             kind,
             settings,
+            grants,
         } => {
             let bytes = read_component(&file)?;
             let kind = kind.map(|k| k.parse()).transpose()?;
             let config = (!settings.is_empty()).then(|| settings.join("\n"));
-            let (kind, ..) = super::policy_kit::check(&bytes, kind, config)?;
+            let (kind, ..) = super::policy_kit::check(&bytes, kind, config, grants)?;
             outln!(
                 "ok: {} is a {kind} policy; it compiled, imports nothing it may not, inits with its config and passes the {kind} conformance cases",
                 file.display()
@@ -175,13 +200,14 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             file,
             kind,
             settings,
+            grants,
             decisions,
         } => {
             let bytes = read_component(&file)?;
             let kind = kind.map(|k| k.parse()).transpose()?;
             let config = (!settings.is_empty()).then(|| settings.join("\n"));
             return tokio::task::spawn_blocking(move || {
-                super::policy_kit::bench(&bytes, kind, config, decisions)
+                super::policy_kit::bench(&bytes, kind, config, grants, decisions)
             })
             .await?;
         }

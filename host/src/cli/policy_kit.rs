@@ -5,6 +5,7 @@
 use anyhow::{Context, bail};
 use sluice::policy::{
     Check, Kind, PolicyRegistry, PolicyRuntime, RegistryError, RegistryOptions, RuntimeOptions,
+    UploadOptions,
 };
 use sluice::store::{SledOptions, SledStore};
 use std::path::{Path, PathBuf};
@@ -169,8 +170,11 @@ pub fn new_project(kind: Kind, name: &str, lang: &str, dir: &Path) -> anyhow::Re
     Ok(root)
 }
 
-/// A registry over a throwaway store: the server's validation, with nothing kept.
-fn scratch_registry() -> anyhow::Result<(tempfile::TempDir, PolicyRegistry)> {
+/// A registry over a throwaway store: the server's validation, with nothing kept. Its
+/// runtime may grant what was asked (the server's own maximum is checked at upload).
+fn scratch_registry(
+    grants: super::policy::GrantArgs,
+) -> anyhow::Result<(tempfile::TempDir, PolicyRegistry)> {
     let dir = tempfile::tempdir().context("a temporary directory")?;
     let store = Arc::new(SledStore::open(
         dir.path(),
@@ -180,7 +184,19 @@ fn scratch_registry() -> anyhow::Result<(tempfile::TempDir, PolicyRegistry)> {
             ..SledOptions::default()
         },
     )?);
-    let runtime = Arc::new(PolicyRuntime::new(RuntimeOptions::default())?);
+    let defaults = RuntimeOptions::default();
+    let options = RuntimeOptions {
+        max_memory_limit_bytes: grants
+            .memory_limit_bytes
+            .map_or(defaults.max_memory_limit_bytes, |b| {
+                (b as usize).max(defaults.max_memory_limit_bytes)
+            }),
+        max_call_fuel: grants
+            .call_fuel
+            .map_or(defaults.max_call_fuel, |f| f.max(defaults.max_call_fuel)),
+        ..defaults
+    };
+    let runtime = Arc::new(PolicyRuntime::new(options)?);
     let registry = PolicyRegistry::open(runtime, store, RegistryOptions::default())?;
     Ok((dir, registry))
 }
@@ -191,8 +207,9 @@ pub fn check(
     bytes: &[u8],
     kind: Option<Kind>,
     config: Option<String>,
+    grants: super::policy::GrantArgs,
 ) -> anyhow::Result<(Kind, tempfile::TempDir, PolicyRegistry, u32)> {
-    let (dir, registry) = scratch_registry()?;
+    let (dir, registry) = scratch_registry(grants)?;
     let kinds: Vec<Kind> = match kind {
         Some(kind) => vec![kind],
         None => Kind::ALL.to_vec(),
@@ -200,7 +217,13 @@ pub fn check(
     let named = kind.is_some();
     let mut refusals = Vec::new();
     for kind in kinds {
-        match registry.upload(kind, bytes, config.clone(), 0) {
+        let options = UploadOptions {
+            config: config.clone(),
+            signed_by: None,
+            memory_limit_bytes: grants.memory_limit_bytes,
+            call_fuel: grants.call_fuel,
+        };
+        match registry.upload_with(kind, bytes, options, 0) {
             Ok(uploaded) => return Ok((kind, dir, registry, uploaded.version.version)),
             // Another kind's world: try the next kind unless one was named.
             Err(RegistryError::Refused {
@@ -229,10 +252,11 @@ pub fn bench(
     bytes: &[u8],
     kind: Option<Kind>,
     config: Option<String>,
+    grants: super::policy::GrantArgs,
     decisions: usize,
 ) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    let (kind, _dir, registry, version) = check(bytes, kind, config)?;
+    let (kind, _dir, registry, version) = check(bytes, kind, config, grants)?;
     outln!(
         "a {kind} policy of {} bytes: validated in {:.0} ms (compile, init, conformance)",
         bytes.len(),

@@ -17,6 +17,7 @@ macro_rules! policy_instance {
             store: Store<Sandbox>,
             instance: bindings::$module::$world,
             config: Vec<u8>,
+            grants: super::runtime::Grants,
         }
 
         impl $name {
@@ -27,13 +28,15 @@ macro_rules! policy_instance {
             ) -> Result<Self, PolicyError> {
                 let pre = bindings::$module::$pre::new(compiled.pre.clone())
                     .map_err(|e| PolicyError::WrongWorld(compiled.kind, format!("{e:#}")))?;
-                let (store, instance) = Self::start(&runtime, &pre, config)?;
+                let grants = compiled.grants;
+                let (store, instance) = Self::start(&runtime, &pre, config, grants)?;
                 Ok($name {
                     runtime,
                     pre,
                     store,
                     instance,
                     config: config.to_vec(),
+                    grants,
                 })
             }
 
@@ -41,8 +44,9 @@ macro_rules! policy_instance {
                 runtime: &PolicyRuntime,
                 pre: &bindings::$module::$pre<Sandbox>,
                 config: &[u8],
+                grants: super::runtime::Grants,
             ) -> Result<(Store<Sandbox>, bindings::$module::$world), PolicyError> {
-                let mut store = runtime.store();
+                let mut store = runtime.store(grants);
                 runtime.arm(&mut store);
                 let instance = pre
                     .instantiate(&mut store)
@@ -69,7 +73,7 @@ macro_rules! policy_instance {
                     Ok(answer) => Ok(answer),
                     Err(fault) => {
                         let (store, instance) =
-                            Self::start(&self.runtime, &self.pre, &self.config)?;
+                            Self::start(&self.runtime, &self.pre, &self.config, self.grants)?;
                         self.store = store;
                         self.instance = instance;
                         Err(PolicyError::Fault(format!("{fault:#}")))

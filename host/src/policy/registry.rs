@@ -39,6 +39,8 @@ pub enum Check {
     Conformance,
     /// The upload's signature is missing, malformed, by an unknown key, or does not match.
     Signature,
+    /// The memory or fuel asked for is past what the server may grant.
+    Grants,
 }
 
 impl std::fmt::Display for Check {
@@ -94,6 +96,18 @@ pub struct RegistryOptions {
     pub fault_limit: FaultLimit,
     /// Where each call's latency and faults are counted.
     pub metrics: Arc<super::PolicyMetrics>,
+}
+
+/// What an upload carries beside the component's bytes.
+#[derive(Clone, Debug, Default)]
+pub struct UploadOptions {
+    /// `name=value` lines for `init`; without them, the server's config of the kind.
+    pub config: Option<String>,
+    /// The id of the key whose signature was checked.
+    pub signed_by: Option<String>,
+    /// Memory and fuel per call for this version's instances; without them, the defaults.
+    pub memory_limit_bytes: Option<u64>,
+    pub call_fuel: Option<u64>,
 }
 
 /// An upload's outcome: the version, and whether it is new (not the same bytes and config
@@ -256,19 +270,35 @@ impl PolicyRegistry {
         config: Option<String>,
         now_ms: u64,
     ) -> Result<Uploaded, RegistryError> {
-        self.upload_signed(kind, bytes, config, None, now_ms)
+        let options = UploadOptions {
+            config,
+            ..UploadOptions::default()
+        };
+        self.upload_with(kind, bytes, options, now_ms)
     }
 
-    /// `upload`, keeping the id of the key whose signature the caller checked with the
-    /// version and its event.
-    pub fn upload_signed(
+    /// `upload` with everything an upload may carry: its config, the id of the key whose
+    /// signature the caller checked, and the memory and fuel its instances are granted.
+    pub fn upload_with(
         &self,
         kind: Kind,
         bytes: &[u8],
-        config: Option<String>,
-        signed_by: Option<String>,
+        options: UploadOptions,
         now_ms: u64,
     ) -> Result<Uploaded, RegistryError> {
+        let UploadOptions {
+            config,
+            signed_by,
+            memory_limit_bytes,
+            call_fuel,
+        } = options;
+        let grants = self
+            .runtime
+            .grants(memory_limit_bytes, call_fuel)
+            .map_err(|detail| RegistryError::Refused {
+                check: Check::Grants,
+                detail,
+            })?;
         let config = config.unwrap_or_else(|| self.builtins[&kind].config.clone());
         if config.len() > MAX_CONFIG_BYTES {
             return Err(RegistryError::Refused {
@@ -279,10 +309,12 @@ impl PolicyRegistry {
         let sha256 = sha256_hex(bytes);
         let _turn = self.mutations.lock().unwrap_or_else(|p| p.into_inner());
         let versions = self.catalog.versions(kind)?;
-        if let Some(existing) = versions
-            .iter()
-            .find(|v| v.sha256 == sha256 && v.config == config)
-        {
+        if let Some(existing) = versions.iter().find(|v| {
+            v.sha256 == sha256
+                && v.config == config
+                && v.memory_limit_bytes == memory_limit_bytes
+                && v.call_fuel == call_fuel
+        }) {
             return Ok(Uploaded {
                 version: existing.clone(),
                 created: false,
@@ -294,7 +326,8 @@ impl PolicyRegistry {
         let compiled = self
             .runtime
             .compile_cached(kind, bytes, &sha256, self.catalog.as_ref())
-            .map_err(|e| refused(e, Check::Compile))?;
+            .map_err(|e| refused(e, Check::Compile))?
+            .with_grants(grants);
         on_slot!(self, kind, slot => self.validate(slot, &compiled, &config))?;
         let version = PolicyVersion {
             kind,
@@ -304,6 +337,8 @@ impl PolicyRegistry {
             size_bytes: bytes.len() as u64,
             uploaded_at_ms: now_ms,
             signed_by: signed_by.clone(),
+            memory_limit_bytes,
+            call_fuel,
         };
         let event = PolicyEvent {
             seq: 0,
@@ -473,10 +508,15 @@ impl PolicyRegistry {
             .catalog
             .module(&record.sha256)?
             .ok_or_else(|| load_error(PolicyError::Runtime("its component is missing".into())))?;
+        let grants = self
+            .runtime
+            .grants(record.memory_limit_bytes, record.call_fuel)
+            .map_err(|reason| load_error(PolicyError::Runtime(format!("its grants: {reason}"))))?;
         let compiled = self
             .runtime
             .compile_cached(kind, &bytes, &record.sha256, self.catalog.as_ref())
-            .map_err(load_error)?;
+            .map_err(load_error)?
+            .with_grants(grants);
         Loaded::new(
             self.runtime.clone(),
             version,

@@ -35,11 +35,16 @@ pub enum PolicyError {
 
 #[derive(Clone, Debug)]
 pub struct RuntimeOptions {
+    /// An instance's memory cap, unless its version was uploaded with one of its own.
     pub memory_limit_bytes: usize,
     /// Fuel one call may burn; about one unit per wasm instruction. The default, 50 million,
     /// is about 10 ms of a tight loop where it was measured (the `spin` test policy burns 10
     /// million in 1.6-2 ms).
     pub call_fuel: u64,
+    /// The most a version may be granted at upload (`memory_limit_bytes`, `call_fuel`): the
+    /// pool reserves this much address space per instance.
+    pub max_memory_limit_bytes: usize,
+    pub max_call_fuel: u64,
 }
 
 impl Default for RuntimeOptions {
@@ -47,13 +52,25 @@ impl Default for RuntimeOptions {
         RuntimeOptions {
             memory_limit_bytes: 16 << 20,
             call_fuel: 50_000_000,
+            max_memory_limit_bytes: 256 << 20,
+            max_call_fuel: 10_000_000_000,
         }
     }
 }
 
-/// What a policy instance's `Store` holds. Policies are granted nothing, so it is empty.
-#[derive(Default)]
-pub struct Sandbox;
+/// What one version's instances may use: memory, and fuel per call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grants {
+    pub memory_limit_bytes: usize,
+    pub call_fuel: u64,
+}
+
+/// What a policy instance's `Store` holds: its memory cap and its fuel per call. Policies are
+/// granted nothing else.
+pub struct Sandbox {
+    limits: wasmtime::StoreLimits,
+    call_fuel: u64,
+}
 
 /// What a policy may import: the policy package's own types, and the interfaces a std guest
 /// imports only for its abort path, linked as traps (calling one ends the call). Nothing that
@@ -79,17 +96,32 @@ pub struct PolicyRuntime {
     cache_tag: u64,
 }
 
-/// A compiled component of one kind, ready to instantiate cheaply.
+/// A compiled component of one kind, ready to instantiate cheaply, with what its instances
+/// are granted.
 pub struct Compiled {
     pub kind: Kind,
     pub pre: InstancePre<Sandbox>,
+    pub grants: Grants,
+}
+
+impl Compiled {
+    /// The same code, for a version with other grants.
+    pub fn with_grants(mut self, grants: Grants) -> Compiled {
+        self.grants = grants;
+        self
+    }
 }
 
 impl PolicyRuntime {
     pub fn new(options: RuntimeOptions) -> Result<PolicyRuntime, PolicyError> {
         let runtime = |e: wasmtime::Error| PolicyError::Runtime(e.to_string());
         let mut pooling = PoolingAllocationConfig::default();
-        pooling.max_memory_size(options.memory_limit_bytes);
+        // The pool's cap is the largest grant; each store's limiter holds it to its own.
+        pooling.max_memory_size(
+            options
+                .max_memory_limit_bytes
+                .max(options.memory_limit_bytes),
+        );
         pooling.total_component_instances(256);
         pooling.total_core_instances(1024);
         pooling.total_memories(512);
@@ -182,20 +214,80 @@ impl PolicyRuntime {
         let pre = linker
             .instantiate_pre(&component)
             .map_err(|e| PolicyError::Runtime(e.to_string()))?;
-        let compiled = Compiled { kind, pre };
+        let compiled = Compiled {
+            kind,
+            pre,
+            grants: self.default_grants(),
+        };
         compiled.check_world()?;
         Ok(compiled)
     }
 
-    /// A fresh store for one instance, with no fuel until armed.
-    pub fn store(&self) -> Store<Sandbox> {
-        Store::new(&self.engine, Sandbox)
+    /// What a version gets unless it was uploaded with grants of its own.
+    pub fn default_grants(&self) -> Grants {
+        Grants {
+            memory_limit_bytes: self.options.memory_limit_bytes,
+            call_fuel: self.options.call_fuel,
+        }
+    }
+
+    /// Grants an upload asked for, each defaulted and checked against the runtime's maximum.
+    pub fn grants(
+        &self,
+        memory_limit_bytes: Option<u64>,
+        call_fuel: Option<u64>,
+    ) -> Result<Grants, String> {
+        let defaults = self.default_grants();
+        let max_memory = self
+            .options
+            .max_memory_limit_bytes
+            .max(defaults.memory_limit_bytes);
+        let memory_limit_bytes = match memory_limit_bytes {
+            None => defaults.memory_limit_bytes,
+            Some(bytes) if (1 << 20..=max_memory as u64).contains(&bytes) => bytes as usize,
+            Some(bytes) => {
+                return Err(format!(
+                    "memory_limit_bytes is {bytes}; 1 MiB to {max_memory} (policy_max_memory_limit_bytes) may be granted"
+                ));
+            }
+        };
+        let max_fuel = self.options.max_call_fuel.max(defaults.call_fuel);
+        let call_fuel = match call_fuel {
+            None => defaults.call_fuel,
+            Some(fuel) if (1_000..=max_fuel).contains(&fuel) => fuel,
+            Some(fuel) => {
+                return Err(format!(
+                    "call_fuel is {fuel}; 1000 to {max_fuel} (policy_max_call_fuel) may be granted"
+                ));
+            }
+        };
+        Ok(Grants {
+            memory_limit_bytes,
+            call_fuel,
+        })
+    }
+
+    /// A fresh store for one instance of a version with `grants`, with no fuel until armed.
+    pub fn store(&self, grants: Grants) -> Store<Sandbox> {
+        let limits = wasmtime::StoreLimitsBuilder::new()
+            .memory_size(grants.memory_limit_bytes)
+            .build();
+        let mut store = Store::new(
+            &self.engine,
+            Sandbox {
+                limits,
+                call_fuel: grants.call_fuel.max(1),
+            },
+        );
+        store.limiter(|sandbox| &mut sandbox.limits);
+        store
     }
 
     /// Gives the store one call's fuel: what the last call left is not carried over.
     pub fn arm(&self, store: &mut Store<Sandbox>) {
+        let fuel = store.data().call_fuel;
         // Fails only when fuel is not enabled, and it always is on this engine.
-        let _ = store.set_fuel(self.options.call_fuel.max(1));
+        let _ = store.set_fuel(fuel);
     }
 }
 

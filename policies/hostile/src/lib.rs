@@ -3,6 +3,7 @@
 //! file (and so imports `wasi:filesystem`, which the host must refuse). `late-trap` and
 //! `late-nonsense` pass conformance and misbehave only for a task whose `seq` is
 //! `LATE_SEQ`: the first panics, the second asks for a delay past the host's bound.
+//! `big-init` holds 24 MiB from `init` on, and otherwise decides well.
 
 wit_bindgen::generate!({ world: "retry-policy", path: "../../wit" });
 
@@ -20,6 +21,11 @@ impl Guest for Component {
         #[cfg(feature = "files")]
         {
             let _ = std::fs::read("/etc/passwd");
+        }
+        #[cfg(feature = "big-init")]
+        {
+            let held: &'static mut [u8] = Box::leak(vec![1u8; 24 << 20].into_boxed_slice());
+            std::hint::black_box(held);
         }
         Ok(())
     }
