@@ -321,7 +321,8 @@ mod tests {
 
     #[test]
     fn every_embedded_policy_decides_through_its_shim() {
-        for (name, component) in defaults::BY_NAME {
+        // split-ivf imports its version's data and is embedded as built (see build.rs).
+        for (name, component) in defaults::BY_NAME.iter().filter(|(n, _)| *n != "split-ivf") {
             let modules = sections(component)
                 .unwrap()
                 .iter()

@@ -176,6 +176,24 @@ impl Client {
         Self::decode(&url, response).await
     }
 
+    /// Stores data blob `name` beside `version` of `kind` (before it is activated).
+    pub async fn put_policy_data(
+        &self,
+        kind: &str,
+        version: u64,
+        name: &str,
+        bytes: Vec<u8>,
+    ) -> Result<Value, ClientError> {
+        let url = format!("{}/v1/policies/{kind}/{version}/data/{name}", self.base);
+        let request = self
+            .http
+            .put(&url)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(bytes);
+        let response = self.send(&url, request).await?;
+        Self::decode(&url, response).await
+    }
+
     pub async fn activate_policy(&self, kind: &str, version: u32) -> Result<Value, ClientError> {
         let url = format!("{}/v1/policies/{kind}/activate", self.base);
         let request = self

@@ -57,6 +57,8 @@ pub struct ServeConfig {
     pub policy_fault_window_ms: u64,
     /// The largest policy component an upload may carry.
     pub max_policy_bytes: usize,
+    /// A policy version's data blobs, all together, in bytes.
+    pub max_policy_data_bytes: usize,
     /// How long a claim or a lease heartbeat holds a task.
     pub lease_ms: u64,
     /// A worker whose last heartbeat is older than this gets no tasks.
@@ -115,6 +117,7 @@ impl Default for ServeConfig {
             policy_max_faults: 5,
             policy_fault_window_ms: 60_000,
             max_policy_bytes: 16 * 1024 * 1024,
+            max_policy_data_bytes: crate::policy::DEFAULT_MAX_DATA_BYTES,
             lease_ms: 30_000,
             worker_stale_ms: 30_000,
             aging_interval_ms: 1_000,
@@ -159,6 +162,7 @@ pub struct FileConfig {
     pub policy_max_faults: Option<u32>,
     pub policy_fault_window_ms: Option<u64>,
     pub max_policy_bytes: Option<usize>,
+    pub max_policy_data_bytes: Option<usize>,
     pub lease_ms: Option<u64>,
     pub worker_stale_ms: Option<u64>,
     pub aging_interval_ms: Option<u64>,
@@ -240,6 +244,9 @@ impl ServeConfig {
                 .policy_fault_window_ms
                 .unwrap_or(defaults.policy_fault_window_ms),
             max_policy_bytes: file.max_policy_bytes.unwrap_or(defaults.max_policy_bytes),
+            max_policy_data_bytes: file
+                .max_policy_data_bytes
+                .unwrap_or(defaults.max_policy_data_bytes),
             lease_ms: overrides
                 .lease_ms
                 .or(file.lease_ms)
@@ -352,7 +359,8 @@ impl ServeConfig {
             .max_batch_body_bytes
             .max(self.max_payload_bytes + 64 * 1024)
             .max(self.max_result_bytes + 64 * 1024)
-            .max(self.max_policy_bytes);
+            .max(self.max_policy_bytes)
+            .max(self.max_policy_data_bytes);
         if self.inflight_body_bytes < largest_body || self.inflight_body_bytes > 4 << 30 {
             return Err(invalid(
                 "inflight_body_bytes",
@@ -392,6 +400,9 @@ impl ServeConfig {
         }
         if !(1..=86_400_000).contains(&self.policy_fault_window_ms) {
             return Err(invalid("policy_fault_window_ms", "must be 1 ms to 24 h"));
+        }
+        if !(1024..=1 << 30).contains(&self.max_policy_data_bytes) {
+            return Err(invalid("max_policy_data_bytes", "must be 1 KiB to 1 GiB"));
         }
         if !(1024..=256 << 20).contains(&self.max_policy_bytes) {
             return Err(invalid("max_policy_bytes", "must be 1 KiB to 256 MiB"));

@@ -119,6 +119,7 @@ impl Server {
                     window_ms: config.policy_fault_window_ms,
                 },
                 metrics: metrics.policies.clone(),
+                max_data_bytes: config.max_policy_data_bytes,
             },
         )?);
         let callback_allow = crate::model::CallbackAllow::parse(&config.callback_allow)
@@ -160,6 +161,7 @@ impl Server {
         );
         limits.max_claim_wait = Duration::from_millis(config.max_claim_wait_ms);
         limits.max_result_bytes = config.max_result_bytes;
+        limits.policy_data_bytes = config.max_policy_data_bytes;
         limits.max_requests_in_flight = config.max_requests_in_flight;
         limits.request_timeout = Duration::from_millis(config.request_timeout_ms);
         let nonzero = |n: u32| std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN);

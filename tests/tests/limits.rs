@@ -12,7 +12,7 @@ async fn bodies_past_the_memory_budget_are_refused_as_overloaded() {
     // Room for exactly one single-task body in memory at a time.
     std::fs::write(
         &config,
-        "max_payload_bytes = 1024\nmax_result_bytes = 1024\nmax_batch_body_bytes = 1024\nmax_policy_bytes = 1024\ninflight_body_bytes = 66560\n",
+        "max_payload_bytes = 1024\nmax_result_bytes = 1024\nmax_batch_body_bytes = 1024\nmax_policy_bytes = 1024\nmax_policy_data_bytes = 1024\ninflight_body_bytes = 66560\n",
     )
     .unwrap();
     let server = Server::start_with(

@@ -53,6 +53,8 @@ pub struct ApiLimits {
     pub inflight_body_bytes: usize,
     /// The largest policy component an upload may carry.
     pub policy_body_bytes: usize,
+    /// The largest data blob a policy version may be given (all its blobs together, too).
+    pub policy_data_bytes: usize,
     /// The longest a claim may wait for work.
     pub max_claim_wait: Duration,
     /// The largest `result` a complete report may carry, serialized; a single report's body
@@ -83,6 +85,7 @@ impl ApiLimits {
             body_timeout: Duration::from_secs(30),
             inflight_body_bytes,
             policy_body_bytes,
+            policy_data_bytes: crate::policy::DEFAULT_MAX_DATA_BYTES,
             max_claim_wait: Duration::from_secs(30),
             max_result_bytes: 1024 * 1024,
             max_requests_in_flight: 4096,
@@ -257,6 +260,7 @@ fn documented_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(policies::upload, policies::detail))
         .routes(routes!(policies::activate))
         .routes(routes!(policies::rollback))
+        .routes(routes!(policies::put_data))
         .routes(routes!(tokens::issue, tokens::list))
         .routes(routes!(tokens::revoke))
         .routes(routes!(tokens::audit))

@@ -149,6 +149,59 @@ pub async fn upload(
     Ok(response)
 }
 
+/// Stores a data blob beside a version before it is activated (split-ivf's `centroids`, say):
+/// the version must init and pass its conformance cases with it; the component reads it with
+/// `sluice:policy/data.get` in `init`. Refused (409) once the version has been activated.
+#[utoipa::path(put, path = "/v1/policies/{kind}/{version}/data/{name}", tag = "policies",
+    params(
+        ("kind" = PolicyKind, Path, description = "priority, aging, retry, split or merge"),
+        ("version" = u32, Path, description = "A stored version, not yet activated"),
+        ("name" = String, Path, description = "1 to 64 ASCII letters, digits, `.`, `_` or `-`"),
+    ),
+    request_body(description = "The blob's bytes", content((Vec<u8> = "application/octet-stream"))),
+    responses((status = 201, description = "Stored", body = crate::model::DataRef)))]
+pub async fn put_data(
+    Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
+    Path((kind, version, name)): Path<(String, u32, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    state.refuse_if_draining()?;
+    let limits = &state.limits;
+    let Decoded {
+        value: bytes,
+        _budget,
+    } = read_body(
+        &headers,
+        body,
+        limits.policy_data_bytes,
+        limits.body_timeout,
+        &state.body_budget,
+    )
+    .await?;
+    let kind: PolicyKind = kind.parse()?;
+    let stored = {
+        let name = name.clone();
+        blocking(&state.policies, move |registry, _| {
+            Ok(registry.put_data(kind, version, &name, &bytes)?)
+        })
+        .await?
+    };
+    super::tokens::record(
+        &state,
+        &caller,
+        "policy.data",
+        format!("{kind} v{version} {name}"),
+        Some(format!(
+            "sha256={} size_bytes={}",
+            stored.sha256, stored.size_bytes
+        )),
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(stored)).into_response())
+}
+
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ActivateRequest {

@@ -419,7 +419,8 @@ impl From<RegistryError> for ApiError {
                 ApiError::PolicyVersionNotFound(unknown.to_string())
             }
             conflict @ (RegistryError::NothingToRollBack(_)
-            | RegistryError::TooManyVersions { .. }) => {
+            | RegistryError::TooManyVersions { .. }
+            | RegistryError::DataOfActivated { .. }) => {
                 ApiError::PolicyConflict(conflict.to_string())
             }
             RegistryError::Store(error) if error.is_full() => (&error).into(),

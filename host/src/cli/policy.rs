@@ -45,6 +45,10 @@ pub enum PolicyCommand {
         signature: Option<PathBuf>,
         #[command(flatten)]
         grants: GrantArgs,
+        /// A data blob stored beside the version, name=FILE (e.g. centroids=lists.npy);
+        /// repeatable. The component reads it in init.
+        #[arg(long = "data", value_parser = parse_data)]
+        data: Vec<(String, PathBuf)>,
     },
     /// Write a buildable policy project on the Rust SDK: DIR/NAME (the SDK vendored inside).
     New {
@@ -135,6 +139,7 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             settings,
             signature,
             grants,
+            data,
         } => {
             let component = match (&file, &builtin) {
                 (_, Some(name)) => defaults::by_name(name)
@@ -159,7 +164,8 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
                 ),
                 None => None,
             };
-            client(&server)?
+            let client = client(&server)?;
+            let mut uploaded = client
                 .upload_policy(
                     &kind,
                     component,
@@ -167,7 +173,18 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
                     signature.as_deref(),
                     (grants.memory_limit_bytes, grants.call_fuel),
                 )
-                .await?
+                .await?;
+            let version = uploaded["version"].as_u64().unwrap_or(0);
+            let mut stored = Vec::new();
+            for (name, path) in data {
+                let bytes = std::fs::read(&path)
+                    .with_context(|| format!("cannot read the data {}", path.display()))?;
+                stored.push(client.put_policy_data(&kind, version, &name, bytes).await?);
+            }
+            if !stored.is_empty() {
+                uploaded["data"] = serde_json::Value::Array(stored);
+            }
+            uploaded
         }
         PolicyCommand::Keygen { id, out } => return keygen(&id, &out),
         PolicyCommand::New {
@@ -230,6 +247,12 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
 
 fn client(server: &ServerArg) -> anyhow::Result<Client> {
     server.client()
+}
+
+fn parse_data(text: &str) -> Result<(String, PathBuf), String> {
+    text.split_once('=')
+        .map(|(name, file)| (name.to_owned(), PathBuf::from(file)))
+        .ok_or_else(|| format!("`{text}` is not name=FILE"))
 }
 
 fn read_component(file: &std::path::Path) -> anyhow::Result<Vec<u8>> {

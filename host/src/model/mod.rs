@@ -24,7 +24,7 @@ pub use event::{Actor, Event};
 pub use failure::FailureClass;
 pub use id::{IdError, IdGenerator, TaskId};
 pub use policy::{
-    BUILTIN_VERSION, PolicyAction, PolicyEvent, PolicyKind, PolicyVersion, UnknownKind,
+    BUILTIN_VERSION, DataRef, PolicyAction, PolicyEvent, PolicyKind, PolicyVersion, UnknownKind,
 };
 pub use priority::Priority;
 pub use queue_entry::{QueueEntry, from_bucket, to_bucket, view as task_view};

@@ -95,6 +95,18 @@ pub struct PolicyVersion {
     pub memory_limit_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_fuel: Option<u64>,
+    /// The data blobs stored beside the component, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data: Vec<DataRef>,
+}
+
+/// One data blob of a version: its name, checksum and size (its bytes are stored apart).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DataRef {
+    pub name: String,
+    /// Hex SHA-256 of the bytes.
+    pub sha256: String,
+    pub size_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

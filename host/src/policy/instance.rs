@@ -18,6 +18,7 @@ macro_rules! policy_instance {
             instance: bindings::$module::$world,
             config: Vec<u8>,
             grants: super::runtime::Grants,
+            data: super::runtime::PolicyData,
         }
 
         impl $name {
@@ -29,7 +30,8 @@ macro_rules! policy_instance {
                 let pre = bindings::$module::$pre::new(compiled.pre.clone())
                     .map_err(|e| PolicyError::WrongWorld(compiled.kind, format!("{e:#}")))?;
                 let grants = compiled.grants;
-                let (store, instance) = Self::start(&runtime, &pre, config, grants)?;
+                let data = compiled.data.clone();
+                let (store, instance) = Self::start(&runtime, &pre, config, grants, &data)?;
                 Ok($name {
                     runtime,
                     pre,
@@ -37,6 +39,7 @@ macro_rules! policy_instance {
                     instance,
                     config: config.to_vec(),
                     grants,
+                    data,
                 })
             }
 
@@ -45,8 +48,9 @@ macro_rules! policy_instance {
                 pre: &bindings::$module::$pre<Sandbox>,
                 config: &[u8],
                 grants: super::runtime::Grants,
+                data: &super::runtime::PolicyData,
             ) -> Result<(Store<Sandbox>, bindings::$module::$world), PolicyError> {
-                let mut store = runtime.store(grants);
+                let mut store = runtime.store(grants, data.clone());
                 runtime.arm(&mut store);
                 let instance = pre
                     .instantiate(&mut store)
@@ -72,8 +76,13 @@ macro_rules! policy_instance {
                 match body(&self.instance, &mut self.store) {
                     Ok(answer) => Ok(answer),
                     Err(fault) => {
-                        let (store, instance) =
-                            Self::start(&self.runtime, &self.pre, &self.config, self.grants)?;
+                        let (store, instance) = Self::start(
+                            &self.runtime,
+                            &self.pre,
+                            &self.config,
+                            self.grants,
+                            &self.data,
+                        )?;
                         self.store = store;
                         self.instance = instance;
                         Err(PolicyError::Fault(format!("{fault:#}")))

@@ -25,10 +25,12 @@ pub use instance::{
 };
 pub use metrics::{PolicyMetrics, TIMED_ONE_IN, VersionMetrics};
 pub use registry::{
-    Check, KindDetail, KindStatus, MAX_CONFIG_BYTES, PolicyRegistry, RegistryError,
-    RegistryOptions, UploadOptions, Uploaded, sha256_hex,
+    Check, DEFAULT_MAX_DATA_BYTES, KindDetail, KindStatus, MAX_CONFIG_BYTES, PolicyRegistry,
+    RegistryError, RegistryOptions, UploadOptions, Uploaded, sha256_hex,
 };
-pub use runtime::{Compiled, Grants, Kind, PolicyError, PolicyRuntime, RuntimeOptions, Sandbox};
+pub use runtime::{
+    Compiled, Grants, Kind, PolicyData, PolicyError, PolicyRuntime, RuntimeOptions, Sandbox,
+};
 pub use slot::{Decided, FaultLimit, SlotCounters};
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use super::instance::{
 };
 use super::runtime::{Kind, PolicyError, PolicyRuntime};
 use super::slot::{Chain, FaultLimit, Loaded, Slot, SlotCounters};
-use crate::model::{BUILTIN_VERSION, PolicyAction, PolicyEvent, PolicyVersion};
+use crate::model::{BUILTIN_VERSION, DataRef, PolicyAction, PolicyEvent, PolicyVersion};
 use crate::store::{PolicyCatalog, StoreError};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -41,6 +41,8 @@ pub enum Check {
     Signature,
     /// The memory or fuel asked for is past what the server may grant.
     Grants,
+    /// A data blob's name or size is refused.
+    Data,
 }
 
 impl std::fmt::Display for Check {
@@ -71,6 +73,10 @@ pub enum RegistryError {
         version: u32,
         source: PolicyError,
     },
+    #[error(
+        "version {version} of the {kind} policy has been activated: its data can no longer change; upload a new version"
+    )]
+    DataOfActivated { kind: Kind, version: u32 },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -88,7 +94,7 @@ fn refused(error: PolicyError, during: Check) -> RegistryError {
     }
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RegistryOptions {
     /// The server's config of each kind (`name=value` lines): the built-in version's, and
     /// that of any upload that brings none of its own.
@@ -96,7 +102,28 @@ pub struct RegistryOptions {
     pub fault_limit: FaultLimit,
     /// Where each call's latency and faults are counted.
     pub metrics: Arc<super::PolicyMetrics>,
+    /// A version's data blobs together may hold this many bytes.
+    pub max_data_bytes: usize,
 }
+
+/// A version's data by default, all its blobs together.
+pub const DEFAULT_MAX_DATA_BYTES: usize = 64 << 20;
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        RegistryOptions {
+            configs: BTreeMap::new(),
+            fault_limit: FaultLimit::default(),
+            metrics: Arc::default(),
+            max_data_bytes: DEFAULT_MAX_DATA_BYTES,
+        }
+    }
+}
+
+/// Data blobs one version may carry.
+pub const MAX_DATA_BLOBS: usize = 16;
+/// The longest name of a data blob.
+pub const MAX_DATA_NAME_BYTES: usize = 64;
 
 /// What an upload carries beside the component's bytes.
 #[derive(Clone, Debug, Default)]
@@ -314,6 +341,7 @@ impl PolicyRegistry {
                 && v.config == config
                 && v.memory_limit_bytes == memory_limit_bytes
                 && v.call_fuel == call_fuel
+                && v.data.is_empty()
         }) {
             return Ok(Uploaded {
                 version: existing.clone(),
@@ -339,6 +367,7 @@ impl PolicyRegistry {
             signed_by: signed_by.clone(),
             memory_limit_bytes,
             call_fuel,
+            data: Vec::new(),
         };
         let event = PolicyEvent {
             seq: 0,
@@ -356,6 +385,95 @@ impl PolicyRegistry {
             version,
             created: true,
         })
+    }
+
+    /// Stores blob `name` beside `version` of `kind`, once the version inits and passes its
+    /// conformance cases with it (and its other blobs). Refused once the version is in the
+    /// kind's activation stack: what an active version reads never changes under it.
+    pub fn put_data(
+        &self,
+        kind: Kind,
+        version: u32,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<DataRef, RegistryError> {
+        let refuse = |detail: String| RegistryError::Refused {
+            check: Check::Data,
+            detail,
+        };
+        let name_ok = !name.is_empty()
+            && name.len() <= MAX_DATA_NAME_BYTES
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+        if !name_ok {
+            return Err(refuse(format!(
+                "a data name is 1 to {MAX_DATA_NAME_BYTES} ASCII letters, digits, `.`, `_` or `-`"
+            )));
+        }
+        let _turn = self.mutations.lock().unwrap_or_else(|p| p.into_inner());
+        let mut record = self
+            .version(kind, version)?
+            .ok_or(RegistryError::UnknownVersion { kind, version })?;
+        if self.catalog.stack(kind)?.contains(&version) {
+            return Err(RegistryError::DataOfActivated { kind, version });
+        }
+        let blob = DataRef {
+            name: name.to_owned(),
+            sha256: sha256_hex(bytes),
+            size_bytes: bytes.len() as u64,
+        };
+        record.data.retain(|other| other.name != name);
+        record.data.push(blob.clone());
+        record.data.sort_by(|a, b| a.name.cmp(&b.name));
+        let total: u64 = record.data.iter().map(|d| d.size_bytes).sum();
+        if total > self.options.max_data_bytes as u64 {
+            return Err(refuse(format!(
+                "the version's data would be {total} bytes; at most {} (max_policy_data_bytes)",
+                self.options.max_data_bytes
+            )));
+        }
+        if record.data.len() > MAX_DATA_BLOBS {
+            return Err(refuse(format!(
+                "a version holds at most {MAX_DATA_BLOBS} blobs"
+            )));
+        }
+        let mut data: BTreeMap<String, Arc<[u8]>> = self
+            .catalog
+            .data(kind, version)?
+            .into_iter()
+            .map(|(name, bytes)| (name, Arc::from(bytes)))
+            .collect();
+        data.insert(name.to_owned(), Arc::from(bytes));
+        let module = self
+            .catalog
+            .module(&record.sha256)?
+            .ok_or_else(|| RegistryError::Load {
+                kind,
+                version,
+                source: PolicyError::Runtime("its component is missing".into()),
+            })?;
+        let compiled = self
+            .runtime
+            .compile_cached(kind, &module, &record.sha256, self.catalog.as_ref())
+            .map_err(|e| refused(e, Check::Compile))?
+            .with_grants(self.grants_of(&record)?)
+            .with_data(Arc::new(data));
+        on_slot!(self, kind, slot => self.validate(slot, &compiled, &record.config))?;
+        self.catalog.put_data(&record, name, bytes)?;
+        tracing::info!(%kind, version, name, size_bytes = blob.size_bytes, "policy data stored");
+        Ok(blob)
+    }
+
+    /// What a stored version's instances are granted.
+    fn grants_of(&self, record: &PolicyVersion) -> Result<super::Grants, RegistryError> {
+        self.runtime
+            .grants(record.memory_limit_bytes, record.call_fuel)
+            .map_err(|reason| RegistryError::Load {
+                kind: record.kind,
+                version: record.version,
+                source: PolicyError::Runtime(format!("its grants: {reason}")),
+            })
     }
 
     /// Init with the config, then the kind's conformance cases, on a fresh instance.
@@ -508,15 +626,22 @@ impl PolicyRegistry {
             .catalog
             .module(&record.sha256)?
             .ok_or_else(|| load_error(PolicyError::Runtime("its component is missing".into())))?;
-        let grants = self
-            .runtime
-            .grants(record.memory_limit_bytes, record.call_fuel)
-            .map_err(|reason| load_error(PolicyError::Runtime(format!("its grants: {reason}"))))?;
+        let grants = self.grants_of(&record)?;
+        let data: BTreeMap<String, Arc<[u8]>> = if record.data.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.catalog
+                .data(kind, version)?
+                .into_iter()
+                .map(|(name, bytes)| (name, Arc::from(bytes)))
+                .collect()
+        };
         let compiled = self
             .runtime
             .compile_cached(kind, &bytes, &record.sha256, self.catalog.as_ref())
             .map_err(load_error)?
-            .with_grants(grants);
+            .with_grants(grants)
+            .with_data(Arc::new(data));
         Loaded::new(
             self.runtime.clone(),
             version,

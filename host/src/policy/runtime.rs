@@ -65,18 +65,26 @@ pub struct Grants {
     pub call_fuel: u64,
 }
 
-/// What a policy instance's `Store` holds: its memory cap and its fuel per call. Policies are
-/// granted nothing else.
+/// A version's data blobs by name (see the `data` interface in `wit/policy.wit`).
+pub type PolicyData = std::sync::Arc<std::collections::BTreeMap<String, std::sync::Arc<[u8]>>>;
+
+/// The interface a policy reads its version's data through.
+const DATA_INTERFACE: &str = "sluice:policy/data@0.1.0";
+
+/// What a policy instance's `Store` holds: its memory cap, its fuel per call, and its
+/// version's data. Policies are granted nothing else.
 pub struct Sandbox {
     limits: wasmtime::StoreLimits,
     call_fuel: u64,
+    data: PolicyData,
 }
 
 /// What a policy may import: the policy package's own types, and the interfaces a std guest
 /// imports only for its abort path, linked as traps (calling one ends the call). Nothing that
 /// gives files, sockets, clocks or randomness is here.
-const ALLOWED_IMPORT_PREFIXES: [&str; 10] = [
+const ALLOWED_IMPORT_PREFIXES: [&str; 11] = [
     "sluice:policy/types@",
+    "sluice:policy/data@",
     "wasi:io/poll@",
     "wasi:cli/environment@",
     "wasi:cli/exit@",
@@ -102,12 +110,19 @@ pub struct Compiled {
     pub kind: Kind,
     pub pre: InstancePre<Sandbox>,
     pub grants: Grants,
+    pub data: PolicyData,
 }
 
 impl Compiled {
     /// The same code, for a version with other grants.
     pub fn with_grants(mut self, grants: Grants) -> Compiled {
         self.grants = grants;
+        self
+    }
+
+    /// The same code, for a version with this data.
+    pub fn with_data(mut self, data: PolicyData) -> Compiled {
+        self.data = data;
         self
     }
 }
@@ -209,6 +224,18 @@ impl PolicyRuntime {
         }
         let mut linker = Linker::new(&self.engine);
         linker
+            .instance(DATA_INTERFACE)
+            .and_then(|mut data| {
+                data.func_wrap(
+                    "get",
+                    |store: wasmtime::StoreContextMut<'_, Sandbox>, (name,): (String,)| {
+                        let blob = store.data().data.get(&name).map(|blob| blob.to_vec());
+                        Ok((blob,))
+                    },
+                )
+            })
+            .map_err(|e| PolicyError::Runtime(e.to_string()))?;
+        linker
             .define_unknown_imports_as_traps(&component)
             .map_err(|e| PolicyError::Runtime(e.to_string()))?;
         let pre = linker
@@ -218,6 +245,7 @@ impl PolicyRuntime {
             kind,
             pre,
             grants: self.default_grants(),
+            data: PolicyData::default(),
         };
         compiled.check_world()?;
         Ok(compiled)
@@ -267,8 +295,9 @@ impl PolicyRuntime {
         })
     }
 
-    /// A fresh store for one instance of a version with `grants`, with no fuel until armed.
-    pub fn store(&self, grants: Grants) -> Store<Sandbox> {
+    /// A fresh store for one instance of a version with `grants` and `data`, with no fuel
+    /// until armed.
+    pub fn store(&self, grants: Grants, data: PolicyData) -> Store<Sandbox> {
         let limits = wasmtime::StoreLimitsBuilder::new()
             .memory_size(grants.memory_limit_bytes)
             .build();
@@ -277,6 +306,7 @@ impl PolicyRuntime {
             Sandbox {
                 limits,
                 call_fuel: grants.call_fuel.max(1),
+                data,
             },
         );
         store.limiter(|sandbox| &mut sandbox.limits);

@@ -164,6 +164,12 @@ pub trait PolicyCatalog: Send + Sync + 'static {
     ) -> Result<PolicyEvent, StoreError>;
     /// The newest `limit` events of a kind, oldest first.
     fn events(&self, kind: PolicyKind, limit: usize) -> Result<Vec<PolicyEvent>, StoreError>;
+    /// Stores blob `name` of `version` (replacing one of that name) with the version's record
+    /// as it is now (its `data` list naming the blob), as one durable write.
+    fn put_data(&self, version: &PolicyVersion, name: &str, bytes: &[u8])
+    -> Result<(), StoreError>;
+    /// Every data blob of a version, by name.
+    fn data(&self, kind: PolicyKind, version: u32) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
     /// Compiled code cached under `cache_key`; a cache, so losing it costs only a recompile.
     fn compiled(&self, cache_key: &str) -> Result<Option<Vec<u8>>, StoreError>;
     fn put_compiled(&self, cache_key: &str, code: &[u8]) -> Result<(), StoreError>;

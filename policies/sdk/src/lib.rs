@@ -72,8 +72,10 @@ pub mod bindings {
         });
     }
     pub mod split {
+        // The split world that may read its version's data; a component that never calls
+        // `data::get` does not import it (unused imports are dropped when it is made).
         wit_bindgen::generate!({
-            world: "split-policy",
+            world: "split-data-policy",
             path: "wit",
             pub_export_macro: true,
             export_macro_name: "__export_split_world",
@@ -88,6 +90,25 @@ pub mod bindings {
             export_macro_name: "__export_merge_world",
             default_bindings_module: "sluice_policy::bindings::merge",
         });
+    }
+}
+
+/// A version's data blobs (uploaded with `PUT /v1/policies/{kind}/{version}/data/{name}`),
+/// for a split policy to read in `init`. Natively (in tests) there is none.
+pub mod data {
+    use alloc::vec::Vec;
+
+    /// Blob `name` of this version, if it has one; each call copies it in, so read it once.
+    pub fn get(name: &str) -> Option<Vec<u8>> {
+        #[cfg(target_arch = "wasm32")]
+        {
+            crate::bindings::split::sluice::policy::data::get(name)
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let _ = name;
+            None
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! the store's `sync`, so an acknowledged upload or activation survives a crash.
 //!
 //! Keys: `m`+sha256 → component bytes; `v`+kind+version → version record; `a`+kind → the
-//! activation stack; `e`+kind+seq → policy event; `c`+cache key → compiled code.
+//! activation stack; `e`+kind+seq → policy event; `c`+cache key → compiled code; `d`+kind+
+//! version+name → a version's data blob.
 
 use super::SledStore;
 use super::util::corrupt;
@@ -23,6 +24,10 @@ fn stack_key(kind: PolicyKind) -> [u8; 2] {
 
 fn event_key(kind: PolicyKind, seq: u64) -> Vec<u8> {
     [&[b'e', kind.code()][..], &seq.to_be_bytes()].concat()
+}
+
+fn data_prefix(kind: PolicyKind, version: u32) -> Vec<u8> {
+    [&[b'd', kind.code()][..], &version.to_be_bytes()].concat()
 }
 
 fn compiled_key(cache_key: &str) -> Vec<u8> {
@@ -125,6 +130,39 @@ impl PolicyCatalog for SledStore {
             .collect::<Result<Vec<PolicyEvent>, StoreError>>()?;
         events.reverse();
         Ok(events)
+    }
+
+    fn put_data(
+        &self,
+        version: &PolicyVersion,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        self.shared.space.check(bytes.len() as u64)?;
+        let mut batch = sled::Batch::default();
+        let key = [
+            data_prefix(version.kind, version.version),
+            name.as_bytes().to_vec(),
+        ]
+        .concat();
+        batch.insert(key, bytes);
+        batch.insert(version_key(version.kind, version.version), json(version)?);
+        self.policies.apply_batch(batch)?;
+        self.sync_sled()?;
+        Ok(())
+    }
+
+    fn data(&self, kind: PolicyKind, version: u32) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let prefix = data_prefix(kind, version);
+        self.policies
+            .scan_prefix(&prefix)
+            .map(|entry| {
+                let (key, bytes) = entry?;
+                let name = String::from_utf8(key[prefix.len()..].to_vec())
+                    .map_err(|e| corrupt("policy data name", e))?;
+                Ok((name, bytes.to_vec()))
+            })
+            .collect()
     }
 
     fn compiled(&self, cache_key: &str) -> Result<Option<Vec<u8>>, StoreError> {
