@@ -183,13 +183,17 @@ impl Client {
         version: u64,
         name: &str,
         bytes: Vec<u8>,
+        signature: Option<&str>,
     ) -> Result<Value, ClientError> {
         let url = format!("{}/v1/policies/{kind}/{version}/data/{name}", self.base);
-        let request = self
+        let mut request = self
             .http
             .put(&url)
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .body(bytes);
+        if let Some(signature) = signature {
+            request = request.header(crate::auth::signing::SIGNATURE_HEADER, signature.trim());
+        }
         let response = self.send(&url, request).await?;
         Self::decode(&url, response).await
     }

@@ -191,4 +191,57 @@ async fn only_components_signed_by_a_trusted_key_are_stored() {
             .unwrap()
             .contains("signed_by=ops-1")
     );
+
+    // Data blobs are signed as components are: split-ivf's centroids, raw f32 rows.
+    let ivf = dir.path().join("split_ivf.wasm");
+    std::fs::write(
+        &ivf,
+        sluice::policy::defaults::by_name("split-ivf").unwrap(),
+    )
+    .unwrap();
+    sign(dir.path(), "ops-1", &ivf);
+    let uploaded = succeeded(sluice(&[
+        "policy",
+        "upload",
+        "--server",
+        &server.url,
+        "split",
+        ivf.to_str().unwrap(),
+        "--config",
+        "dim=2",
+    ]));
+    let version = serde_json::from_str::<Value>(&uploaded).unwrap()["version"]
+        .as_u64()
+        .unwrap();
+    let centroids: Vec<u8> = [0.0f32, 0.0, 10.0, 10.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let blob = dir.path().join("centroids.f32");
+    std::fs::write(&blob, &centroids).unwrap();
+    let url = server.endpoint(&format!("/v1/policies/split/{version}/data/centroids"));
+    let unsigned = answer(
+        http_as(ROOT)
+            .put(&url)
+            .header("content-type", "application/octet-stream")
+            .body(centroids.clone())
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_signature_refused(&unsigned, "Sluice-Signature");
+    let signed = sign(dir.path(), "ops-1", &blob);
+    let stored = answer(
+        http_as(ROOT)
+            .put(&url)
+            .header("content-type", "application/octet-stream")
+            .header("sluice-signature", signed)
+            .body(centroids)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(stored.status, 201, "{:?}", stored.body);
 }

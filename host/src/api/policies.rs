@@ -32,6 +32,18 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::Internal(format!("policy work stopped: {e}")))?
 }
 
+/// The `Sluice-Signature` header's text, if sent.
+fn signature_header(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    match headers.get(SIGNATURE_HEADER) {
+        Some(value) => Ok(Some(value.to_str().map_err(|_| {
+            ApiError::from(crate::auth::signing::SignatureError::Malformed(
+                "the header must be visible ASCII".into(),
+            ))
+        })?)),
+        None => Ok(None),
+    }
+}
+
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -100,14 +112,7 @@ pub async fn upload(
     if !is_component {
         return Err(ApiError::UnsupportedMediaType("application/wasm"));
     }
-    let signature = match headers.get(SIGNATURE_HEADER) {
-        Some(value) => Some(value.to_str().map_err(|_| {
-            ApiError::from(crate::auth::signing::SignatureError::Malformed(
-                "the header must be visible ASCII".into(),
-            ))
-        })?),
-        None => None,
-    };
+    let signature = signature_header(&headers)?;
     // Checked before anything is compiled or stored: an unsigned module is never kept.
     let signed_by = state.signing_keys.verify(&bytes, signature)?;
     let uploaded = blocking(&state.policies, move |registry, now_ms| {
@@ -152,8 +157,10 @@ pub async fn upload(
 /// Stores a data blob beside a version before it is activated (split-ivf's `centroids`, say):
 /// the version must init and pass its conformance cases with it; the component reads it with
 /// `sluice:policy/data.get` in `init`. Refused (409) once the version has been activated.
+/// With `policy_signing_keys` set, the blob must be signed like a component.
 #[utoipa::path(put, path = "/v1/policies/{kind}/{version}/data/{name}", tag = "policies",
     params(
+        ("Sluice-Signature" = Option<String>, Header, description = "keyid=ID,sig=BASE64: an ed25519 signature of the body"),
         ("kind" = PolicyKind, Path, description = "priority, aging, retry, split or merge"),
         ("version" = u32, Path, description = "A stored version, not yet activated"),
         ("name" = String, Path, description = "1 to 64 ASCII letters, digits, `.`, `_` or `-`"),
@@ -181,6 +188,10 @@ pub async fn put_data(
     )
     .await?;
     let kind: PolicyKind = kind.parse()?;
+    // With signing keys set, data changes what a version decides as much as its code does:
+    // it must be signed the same way.
+    let signature = signature_header(&headers)?;
+    state.signing_keys.verify(&bytes, signature)?;
     let stored = {
         let name = name.clone();
         blocking(&state.policies, move |registry, _| {

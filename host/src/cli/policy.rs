@@ -179,7 +179,19 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             for (name, path) in data {
                 let bytes = std::fs::read(&path)
                     .with_context(|| format!("cannot read the data {}", path.display()))?;
-                stored.push(client.put_policy_data(&kind, version, &name, bytes).await?);
+                // `sluice policy sign` signs a blob as it signs a component: FILE.sig beside it.
+                let beside = signature_beside(&path);
+                let signature = match beside.exists() {
+                    true => Some(std::fs::read_to_string(&beside).with_context(|| {
+                        format!("cannot read the signature {}", beside.display())
+                    })?),
+                    false => None,
+                };
+                stored.push(
+                    client
+                        .put_policy_data(&kind, version, &name, bytes, signature.as_deref())
+                        .await?,
+                );
             }
             if !stored.is_empty() {
                 uploaded["data"] = serde_json::Value::Array(stored);

@@ -74,7 +74,8 @@ impl Settings {
                 settings.dim = dim;
                 settings.centroids = centroids;
             }
-            None if !config.has("centroids") && !config.has("dim") => return Ok(settings),
+            // No centroids yet (perhaps `dim` for raw data to come): every split is refused.
+            None if !config.has("centroids") => return Ok(settings),
             None => {}
         }
         if settings.dim == 0 {
