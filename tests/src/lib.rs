@@ -155,6 +155,33 @@ impl Drop for Server {
     }
 }
 
+/// Writes `data` as a C-order `.npy` of little-endian f32 with `dim` columns.
+pub fn write_npy(path: &Path, dim: usize, data: &[f32]) {
+    let rows = data.len() / dim;
+    let mut header =
+        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {dim}), }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    for x in data {
+        bytes.extend_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(path, bytes).expect("write the .npy");
+}
+
+/// PUTs `bytes` as `application/octet-stream` to `url`.
+pub async fn put_octets(client: &reqwest::Client, url: &str, bytes: Vec<u8>) -> Answer {
+    let request = client
+        .put(url)
+        .header("content-type", "application/octet-stream")
+        .body(bytes);
+    answer(request.send().await.expect("PUT")).await
+}
+
 /// A client that sends `Authorization: Bearer TOKEN` on every request.
 pub fn http_as(token: &str) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();

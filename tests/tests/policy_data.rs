@@ -5,7 +5,6 @@
 //! it has been activated, and bad names and sizes are refused.
 
 use sluice_tests::*;
-use std::path::Path;
 use std::time::Duration;
 
 const DIM: usize = 384;
@@ -25,22 +24,6 @@ fn values(seed: u64, count: usize) -> Vec<f32> {
             ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
-}
-
-fn write_npy(path: &Path, rows: usize, data: &[f32]) {
-    let mut header =
-        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {DIM}), }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(header.as_bytes());
-    for x in data {
-        bytes.extend_from_slice(&x.to_le_bytes());
-    }
-    std::fs::write(path, bytes).unwrap();
 }
 
 fn distance(a: &[f32], b: &[f32]) -> f32 {
@@ -82,8 +65,8 @@ async fn split_ivf_with_a_centroid_blob_answers_what_its_probes_reach() {
     let centroids = values(0x9e37_79b9_7f4a_7c15, LISTS * DIM);
     let vectors_file = dir.path().join("vectors.npy");
     let centroids_file = dir.path().join("centroids.npy");
-    write_npy(&vectors_file, ROWS, &data);
-    write_npy(&centroids_file, LISTS, &centroids);
+    write_npy(&vectors_file, DIM, &data);
+    write_npy(&centroids_file, DIM, &centroids);
     assert!(std::fs::metadata(&centroids_file).unwrap().len() > 1_500_000);
     let lists_of_rows: Vec<usize> = data
         .chunks_exact(DIM)
@@ -140,18 +123,7 @@ async fn split_ivf_with_a_centroid_blob_answers_what_its_probes_reach() {
     // What it reads cannot change once it is active; names and sizes are checked.
     let put = |path: String, bytes: Vec<u8>| {
         let (client, url) = (client.clone(), server.endpoint(&path));
-        async move {
-            answer(
-                client
-                    .put(url)
-                    .header("content-type", "application/octet-stream")
-                    .body(bytes)
-                    .send()
-                    .await
-                    .unwrap(),
-            )
-            .await
-        }
+        async move { put_octets(&client, &url, bytes).await }
     };
     let late = put(
         format!("/v1/policies/split/{version}/data/centroids"),
@@ -247,18 +219,7 @@ async fn data_names_sizes_and_conformance_are_checked_before_anything_is_stored(
             client.clone(),
             server.endpoint(&format!("/v1/policies/split/{version}/data/{name}")),
         );
-        async move {
-            answer(
-                client
-                    .put(url)
-                    .header("content-type", "application/octet-stream")
-                    .body(bytes)
-                    .send()
-                    .await
-                    .unwrap(),
-            )
-            .await
-        }
+        async move { put_octets(&client, &url, bytes).await }
     };
     let bad_name = put("no%20spaces", vec![0; 8]).await;
     assert_problem(&bad_name, 422, "policy-refused");

@@ -31,24 +31,6 @@ fn dataset() -> Vec<f32> {
     data
 }
 
-fn write_npy(path: &Path, data: &[f32]) {
-    let mut header = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {DIM}), }}",
-        data.len() / DIM
-    );
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
-    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(header.as_bytes());
-    for x in data {
-        bytes.extend_from_slice(&x.to_le_bytes());
-    }
-    std::fs::write(path, bytes).unwrap();
-}
-
 /// (id, squared L2 distance) of the `k` nearest rows, by distance then id.
 fn exact(data: &[f32], query: &[f32], k: usize) -> Vec<(u64, f32)> {
     let mut all: Vec<(u64, f32)> = data
@@ -128,7 +110,7 @@ fn start(args: &[&str]) -> (tempfile::TempDir, Vec<f32>, std::path::PathBuf, Ser
     let dir = tempfile::tempdir().unwrap();
     let data = dataset();
     let file = dir.path().join("vectors.npy");
-    write_npy(&file, &data);
+    write_npy(&file, DIM, &data);
     let server = Server::start_with(&dir.path().join("db"), args);
     (dir, data, file, server)
 }
