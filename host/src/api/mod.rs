@@ -167,11 +167,17 @@ impl AppState {
     }
 
     fn refuse_if_draining(&self) -> Result<(), ApiError> {
-        if self.is_draining() {
-            Err(ApiError::Draining)
-        } else {
-            Ok(())
+        if !self.is_draining() {
+            return Ok(());
         }
+        // A server stopping because a sync failed says so, not merely that it is draining:
+        // the client learns the write was refused for the disk's sake.
+        if let Some(reason) = self.scheduler.storage_failed().borrow().clone() {
+            return Err(ApiError::StorageFailed(format!(
+                "the store takes no more writes until a restart: {reason}"
+            )));
+        }
+        Err(ApiError::Draining)
     }
 }
 
