@@ -162,6 +162,23 @@ impl AppState {
         .await
     }
 
+    /// Reads a body of raw bytes of at most `limit_bytes`, as `read_json` reads JSON.
+    async fn read_bytes(
+        &self,
+        headers: &axum::http::HeaderMap,
+        body: axum::body::Body,
+        limit_bytes: usize,
+    ) -> Result<extract::Decoded<bytes::Bytes>, ApiError> {
+        extract::read_body(
+            headers,
+            body,
+            limit_bytes,
+            self.limits.body_timeout,
+            &self.body_budget,
+        )
+        .await
+    }
+
     fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }

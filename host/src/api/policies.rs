@@ -2,7 +2,7 @@
 //! read each kind's active version, history and counters.
 
 use super::AppState;
-use super::extract::{Decoded, KindPath, decode_query, media_type, read_body, read_json};
+use super::extract::{Decoded, KindPath, decode_query, media_type, read_json};
 use super::guard::Caller;
 use super::problem::ApiError;
 use crate::auth::signing::SIGNATURE_HEADER;
@@ -84,18 +84,12 @@ pub async fn upload(
     state.refuse_if_draining()?;
     // The body is read before anything else is judged: refusing while the client is still
     // sending would reach it as a broken connection rather than as the answer.
-    let limits = &state.limits;
     let Decoded {
         value: bytes,
         _budget,
-    } = read_body(
-        &headers,
-        body,
-        limits.policy_body_bytes,
-        limits.body_timeout,
-        &state.body_budget,
-    )
-    .await?;
+    } = state
+        .read_bytes(&headers, body, state.limits.policy_body_bytes)
+        .await?;
     let kind: PolicyKind = kind.parse()?;
     let query: UploadQuery = decode_query(query.as_deref())?;
     if query
@@ -175,18 +169,12 @@ pub async fn put_data(
     body: Body,
 ) -> Result<Response, ApiError> {
     state.refuse_if_draining()?;
-    let limits = &state.limits;
     let Decoded {
         value: bytes,
         _budget,
-    } = read_body(
-        &headers,
-        body,
-        limits.policy_data_bytes,
-        limits.body_timeout,
-        &state.body_budget,
-    )
-    .await?;
+    } = state
+        .read_bytes(&headers, body, state.limits.policy_data_bytes)
+        .await?;
     let kind: PolicyKind = kind.parse()?;
     // With signing keys set, data changes what a version decides as much as its code does:
     // it must be signed the same way.
