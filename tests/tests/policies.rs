@@ -138,9 +138,9 @@ async fn hostile_uploads_get_clear_4xx_and_the_server_keeps_serving() {
         ),
         ("wrong world", "merge", retry.clone(), None, "world"),
         (
-            "filesystem import",
+            "an import of its own",
             "retry",
-            policy_component("hostile", Some("files")),
+            policy_component("hostile", Some("leaky")),
             None,
             "imports",
         ),

@@ -51,31 +51,33 @@ macro_rules! policy_instance {
                 data: &super::runtime::PolicyData,
             ) -> Result<(Store<Sandbox>, bindings::$module::$world), PolicyError> {
                 let mut store = runtime.store(grants, data.clone());
-                runtime.arm(&mut store);
-                let instance = pre
-                    .instantiate(&mut store)
-                    .map_err(|e| PolicyError::Fault(format!("{e:#}")))?;
-                runtime.arm(&mut store);
+                // Start-up and init see the clock at 0: they have no instant of their own.
+                runtime.arm(&mut store, 0);
+                let instance = pre.instantiate(&mut store).map_err(|e| fault(&store, e))?;
+                runtime.arm(&mut store, 0);
                 instance
                     .$interface()
                     .call_init(&mut store, config)
-                    .map_err(|e| PolicyError::Fault(format!("{e:#}")))?
+                    .map_err(|e| fault(&store, e))?
                     .map_err(PolicyError::Init)?;
                 Ok((store, instance))
             }
 
-            /// Runs one call under the deadline; a fault replaces the instance before returning.
+            /// Runs one call at `now_ms` under its fuel; a fault replaces the instance before
+            /// returning.
             fn call<R>(
                 &mut self,
+                now_ms: u64,
                 body: impl FnOnce(
                     &bindings::$module::$world,
                     &mut Store<Sandbox>,
                 ) -> wasmtime::Result<R>,
             ) -> Result<R, PolicyError> {
-                self.runtime.arm(&mut self.store);
+                self.runtime.arm(&mut self.store, now_ms);
                 match body(&self.instance, &mut self.store) {
                     Ok(answer) => Ok(answer),
-                    Err(fault) => {
+                    Err(error) => {
+                        let fault = fault(&self.store, error);
                         let (store, instance) = Self::start(
                             &self.runtime,
                             &self.pre,
@@ -85,7 +87,7 @@ macro_rules! policy_instance {
                         )?;
                         self.store = store;
                         self.instance = instance;
-                        Err(PolicyError::Fault(format!("{fault:#}")))
+                        Err(fault)
                     }
                 }
             }
@@ -103,6 +105,17 @@ macro_rules! policy_instance {
             }
         }
     };
+}
+
+/// A fault, with the end of what the guest wrote before it (an interpreter's traceback, a
+/// Rust panic message) when it wrote anything.
+fn fault(store: &Store<Sandbox>, error: wasmtime::Error) -> PolicyError {
+    let output = store.data().output_tail();
+    if output.is_empty() {
+        PolicyError::Fault(format!("{error:#}"))
+    } else {
+        PolicyError::Fault(format!("{error:#}; it wrote: {output}"))
+    }
 }
 
 /// An instance of one kind's world: what the registry pools, swaps and falls back between.
@@ -163,12 +176,16 @@ use bindings::split::exports::sluice::policy::split::{SplitRequest, Subtask};
 
 impl PriorityInstance {
     pub fn bucket_weights(&mut self) -> Result<Vec<u32>, PolicyError> {
-        self.call(|i, store| i.sluice_policy_priority().call_bucket_weights(store))
+        self.call(0, |i, store| {
+            i.sluice_policy_priority().call_bucket_weights(store)
+        })
     }
 
     /// `tasks`: packed task views; the answer: packed admissions (see `policy_packed`).
     pub fn admit(&mut self, now_ms: u64, tasks: &[u64]) -> Result<Vec<u64>, PolicyError> {
-        self.call(|i, store| i.sluice_policy_priority().call_admit(store, now_ms, tasks))
+        self.call(now_ms, |i, store| {
+            i.sluice_policy_priority().call_admit(store, now_ms, tasks)
+        })
     }
 
     /// One task's packed view; its packed admission.
@@ -177,7 +194,7 @@ impl PriorityInstance {
         now_ms: u64,
         task: (u64, u64, u64, u64, u64, u64),
     ) -> Result<(u64, u64, u64), PolicyError> {
-        self.call(|i, store| {
+        self.call(now_ms, |i, store| {
             i.sluice_policy_priority()
                 .call_admit_one(store, now_ms, task)
         })
@@ -187,7 +204,9 @@ impl PriorityInstance {
 impl AgingInstance {
     /// `waiting`: packed task views.
     pub fn age(&mut self, now_ms: u64, waiting: &[u64]) -> Result<Vec<Promotion>, PolicyError> {
-        self.call(|i, store| i.sluice_policy_aging().call_age(store, now_ms, waiting))
+        self.call(now_ms, |i, store| {
+            i.sluice_policy_aging().call_age(store, now_ms, waiting)
+        })
     }
 
     /// One task's packed view; the bucket to move it to, if any.
@@ -196,14 +215,18 @@ impl AgingInstance {
         now_ms: u64,
         task: (u64, u64, u64, u64, u64, u64),
     ) -> Result<Option<WitBucket>, PolicyError> {
-        self.call(|i, store| i.sluice_policy_aging().call_age_one(store, now_ms, task))
+        self.call(now_ms, |i, store| {
+            i.sluice_policy_aging().call_age_one(store, now_ms, task)
+        })
     }
 }
 
 impl RetryInstance {
     /// `failures`: packed failures; the answer: one packed decision each.
     pub fn decide(&mut self, now_ms: u64, failures: &[u64]) -> Result<Vec<u64>, PolicyError> {
-        self.call(|i, store| i.sluice_policy_retry().call_decide(store, now_ms, failures))
+        self.call(now_ms, |i, store| {
+            i.sluice_policy_retry().call_decide(store, now_ms, failures)
+        })
     }
 
     /// One packed failure; its packed decision.
@@ -212,7 +235,7 @@ impl RetryInstance {
         now_ms: u64,
         failure: policy_packed::FailureWords,
     ) -> Result<u64, PolicyError> {
-        self.call(|i, store| {
+        self.call(now_ms, |i, store| {
             i.sluice_policy_retry()
                 .call_decide_one(store, now_ms, failure)
         })
@@ -225,7 +248,9 @@ impl SplitInstance {
         &mut self,
         request: &SplitRequest,
     ) -> Result<Result<Vec<Subtask>, String>, PolicyError> {
-        self.call(|i, store| i.sluice_policy_split().call_split(store, request))
+        self.call(0, |i, store| {
+            i.sluice_policy_split().call_split(store, request)
+        })
     }
 }
 
@@ -238,6 +263,8 @@ impl MergeInstance {
         weights: &[f32],
         hits: &[u64],
     ) -> Result<Result<Vec<u64>, String>, PolicyError> {
-        self.call(|i, store| i.sluice_policy_merge().call_merge(store, k, weights, hits))
+        self.call(0, |i, store| {
+            i.sluice_policy_merge().call_merge(store, k, weights, hits)
+        })
     }
 }

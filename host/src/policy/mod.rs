@@ -15,6 +15,7 @@ mod pool;
 mod registry;
 mod runtime;
 mod slot;
+mod wasi;
 
 pub use conformance::Conformance;
 pub use decider::PolicyDecider;

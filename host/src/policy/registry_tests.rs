@@ -251,9 +251,9 @@ fn hostile_uploads_are_refused_at_the_check_they_fail_and_change_nothing() {
             Check::World,
         ),
         (
-            "files",
+            "leaky",
             Kind::Retry,
-            super::hostile::component("files"),
+            super::hostile::component("leaky"),
             None,
             Check::Imports,
         ),

@@ -7,6 +7,7 @@
 //! with 4 deciding threads on 2 cores). Fuel faults the same call on every run, which keeps
 //! decisions replayable.
 
+use super::wasi::{self, HasWasi, WasiState};
 use crate::store::PolicyCatalog;
 use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
@@ -77,23 +78,44 @@ pub struct Sandbox {
     limits: wasmtime::StoreLimits,
     call_fuel: u64,
     data: PolicyData,
+    wasi: WasiState,
 }
 
-/// What a policy may import: the policy package's own types, and the interfaces a std guest
-/// imports only for its abort path, linked as traps (calling one ends the call). Nothing that
-/// gives files, sockets, clocks or randomness is here.
-const ALLOWED_IMPORT_PREFIXES: [&str; 11] = [
+impl HasWasi for Sandbox {
+    fn wasi(&mut self) -> &mut WasiState {
+        &mut self.wasi
+    }
+}
+
+impl Sandbox {
+    /// The end of what the instance wrote to standard output or error, for a fault message.
+    pub fn output_tail(&self) -> String {
+        self.wasi.output_tail()
+    }
+}
+
+/// What a policy may import: the policy package's own interfaces, and the WASI interfaces a
+/// std or interpreted guest imports, each either answered by the virtual WASI (`wasi.rs`: a
+/// frozen clock, seeded random bits, no environment, no preopened directory) or linked as
+/// traps (calling one ends the call). Nothing here reaches a real file, socket, clock or
+/// entropy source; anything else, `wasi:http` say, is refused.
+const ALLOWED_IMPORT_PREFIXES: [&str; 16] = [
     "sluice:policy/types@",
     "sluice:policy/data@",
-    "wasi:io/poll@",
+    "wasi:io/",
     "wasi:cli/environment@",
     "wasi:cli/exit@",
     "wasi:cli/stdin@",
     "wasi:cli/stdout@",
     "wasi:cli/stderr@",
     "wasi:cli/terminal-",
-    "wasi:io/error@",
-    "wasi:io/streams@",
+    "wasi:clocks/monotonic-clock@",
+    "wasi:clocks/wall-clock@",
+    "wasi:random/random@",
+    "wasi:random/insecure@",
+    "wasi:random/insecure-seed@",
+    "wasi:filesystem/",
+    "wasi:sockets/",
 ];
 
 pub struct PolicyRuntime {
@@ -211,18 +233,23 @@ impl PolicyRuntime {
 
     /// Checks a compiled component's imports and world, and links it.
     fn prepare(&self, kind: Kind, component: Component) -> Result<Compiled, PolicyError> {
-        let forbidden: Vec<String> = component
+        let imports: Vec<String> = component
             .component_type()
             .imports(&self.engine)
-            .map(|(name, _)| name)
+            .map(|(name, _)| name.to_owned())
+            .collect();
+        let forbidden: Vec<String> = imports
+            .iter()
             .inspect(|name| tracing::debug!(import = name, ?kind, "checking a policy import"))
             .filter(|name| !ALLOWED_IMPORT_PREFIXES.iter().any(|p| name.starts_with(p)))
-            .map(str::to_owned)
+            .cloned()
             .collect();
         if !forbidden.is_empty() {
             return Err(PolicyError::ForbiddenImport(forbidden));
         }
         let mut linker = Linker::new(&self.engine);
+        wasi::define_for(&mut linker, &self.engine, &component)
+            .map_err(|e| PolicyError::Runtime(format!("{e:#}")))?;
         linker
             .instance(DATA_INTERFACE)
             .and_then(|mut data| {
@@ -237,10 +264,10 @@ impl PolicyRuntime {
             .map_err(|e| PolicyError::Runtime(e.to_string()))?;
         linker
             .define_unknown_imports_as_traps(&component)
-            .map_err(|e| PolicyError::Runtime(e.to_string()))?;
+            .map_err(|e| PolicyError::Runtime(format!("{e:#}")))?;
         let pre = linker
             .instantiate_pre(&component)
-            .map_err(|e| PolicyError::Runtime(e.to_string()))?;
+            .map_err(|e| PolicyError::Runtime(format!("{e:#}")))?;
         let compiled = Compiled {
             kind,
             pre,
@@ -307,14 +334,17 @@ impl PolicyRuntime {
                 limits,
                 call_fuel: grants.call_fuel.max(1),
                 data,
+                wasi: WasiState::default(),
             },
         );
         store.limiter(|sandbox| &mut sandbox.limits);
         store
     }
 
-    /// Gives the store one call's fuel: what the last call left is not carried over.
-    pub fn arm(&self, store: &mut Store<Sandbox>) {
+    /// Readies the store for one call at `now_ms`: the call's fuel (what the last call left is
+    /// not carried over), and the virtual clock and random stream for that instant.
+    pub fn arm(&self, store: &mut Store<Sandbox>, now_ms: u64) {
+        store.data_mut().wasi.enter_call(now_ms);
         let fuel = store.data().call_fuel;
         // Fails only when fuel is not enabled, and it always is on this engine.
         let _ = store.set_fuel(fuel);

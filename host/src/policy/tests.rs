@@ -262,13 +262,73 @@ mod sandbox {
     }
 
     #[test]
-    fn a_module_that_imports_the_filesystem_is_refused() {
-        let refused = runtime().compile(Kind::Retry, &hostile::component("files"));
+    fn a_fault_says_what_the_guest_wrote_before_it() {
+        let runtime = runtime();
+        let compiled = runtime
+            .compile(Kind::Retry, &hostile::component("trap"))
+            .unwrap();
+        let mut policy = RetryInstance::new(runtime, &compiled, b"").unwrap();
+        match policy.decide(5, &failure()) {
+            Err(PolicyError::Fault(message)) => assert!(
+                message.contains("it wrote:") && message.contains("a policy that panics at 5"),
+                "{message}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_module_that_imports_what_policies_are_not_granted_is_refused() {
+        let refused = runtime().compile(Kind::Retry, &hostile::component("leaky"));
         assert!(
-            matches!(&refused, Err(PolicyError::ForbiddenImport(names))
-                if names.iter().any(|n| n.starts_with("wasi:filesystem/"))),
+            matches!(&refused, Err(PolicyError::ForbiddenImport(names)) if names == &["leak"]),
             "{:?}",
             refused.err()
+        );
+    }
+
+    #[test]
+    fn a_module_that_reads_a_host_file_finds_none() {
+        // Its init refuses to start if the read succeeds.
+        let runtime = runtime();
+        let compiled = runtime
+            .compile(Kind::Retry, &hostile::component("files"))
+            .unwrap();
+        RetryInstance::new(runtime, &compiled, b"").unwrap();
+    }
+
+    /// The probe answers 1-4 if it sees a real clock, a moving clock, a file or an
+    /// environment, and 10,000 + bits of std's randomly seeded hasher otherwise. std draws the
+    /// hasher's keys once per instance, so each draw is the first call of a fresh instance.
+    #[test]
+    fn the_virtual_wasi_freezes_the_clock_at_now_and_replays_its_random_bits() {
+        let runtime = runtime();
+        let compiled = runtime
+            .compile(Kind::Retry, &hostile::component("wasi-probe"))
+            .unwrap();
+        let delay_at = |now_ms: u64| {
+            let mut policy = RetryInstance::new(runtime.clone(), &compiled, b"").unwrap();
+            match Decision::read(policy.decide(now_ms, &failure()).unwrap()[0]) {
+                Ok(Decision::RetryAfterMs(ms)) => ms,
+                other => panic!("{other:?}"),
+            }
+        };
+        let now_ms = 1_764_000_000_123;
+        let first = delay_at(now_ms);
+        assert!((10_000..11_000).contains(&first), "the probe saw {first}");
+        assert_eq!(
+            delay_at(now_ms),
+            first,
+            "the same instant draws the same bits"
+        );
+        let others: Vec<u64> = (1..=8).map(|n| delay_at(now_ms + n)).collect();
+        assert!(
+            others.iter().all(|d| (10_000..11_000).contains(d)),
+            "{others:?}"
+        );
+        assert!(
+            others.iter().any(|&d| d != first),
+            "other instants draw other bits: {others:?}"
         );
     }
 }

@@ -1,11 +1,27 @@
 //! Misbehaving retry policies, for the host's sandbox tests only. Built once per feature:
-//! `spin` never returns, `memory-bomb` allocates without end, `trap` panics, `files` reads a
-//! file (and so imports `wasi:filesystem`, which the host must refuse). `late-trap` and
-//! `late-nonsense` pass conformance and misbehave only for a task whose `seq` is
-//! `LATE_SEQ`: the first panics, the second asks for a delay past the host's bound.
-//! `big-init` holds 24 MiB from `init` on, and otherwise decides well.
+//! `spin` never returns, `memory-bomb` allocates without end, `trap` panics, `files` tries to
+//! read a host file in `init` and refuses to start if it can. `leaky` imports a function of
+//! its own, which the host must refuse. `late-trap` and `late-nonsense` pass conformance and
+//! misbehave only for a task whose `seq` is `LATE_SEQ`: the first panics, the second asks for
+//! a delay past the host's bound. `big-init` holds 24 MiB from `init` on, and otherwise
+//! decides well. `wasi-probe` answers with what it sees of the virtual WASI (see
+//! `probe_delay_ms`).
 
+#[cfg(not(feature = "leaky"))]
 wit_bindgen::generate!({ world: "retry-policy", path: "../../wit" });
+
+#[cfg(feature = "leaky")]
+wit_bindgen::generate!({
+    inline: "
+        package sluice:hostile;
+        world leaky-retry {
+            include sluice:policy/retry-policy@0.1.0;
+            import leak: func(data: list<u8>);
+        }
+    ",
+    path: "../../wit",
+    world: "sluice:hostile/leaky-retry",
+});
 
 use exports::sluice::policy::retry::Guest;
 use policy_packed::{DeadReason, Decision, FAILURE_WORDS, Failure};
@@ -19,9 +35,11 @@ struct Component;
 impl Guest for Component {
     fn init(_config: Vec<u8>) -> Result<(), String> {
         #[cfg(feature = "files")]
-        {
-            let _ = std::fs::read("/etc/passwd");
+        if let Ok(bytes) = std::fs::read("/etc/passwd") {
+            return Err(format!("read {} bytes of a host file", bytes.len()));
         }
+        #[cfg(feature = "leaky")]
+        leak(b"secrets");
         #[cfg(feature = "big-init")]
         {
             let held: &'static mut [u8] = Box::leak(vec![1u8; 24 << 20].into_boxed_slice());
@@ -54,6 +72,10 @@ impl Guest for Component {
         {
             panic!("a policy that panics at {now_ms}");
         }
+        #[cfg(feature = "wasi-probe")]
+        if let Some(first) = failures.first() {
+            return vec![Decision::RetryAfterMs(probe_delay_ms(now_ms, first.task.seq)).word()];
+        }
         #[cfg(feature = "late-trap")]
         if failures.iter().any(|f| f.task.seq == LATE_SEQ) {
             panic!("a policy that panics late");
@@ -85,6 +107,30 @@ impl Guest for Component {
         Self::decide(now_ms, failure.unwrap_or_default())
             .pop()
             .unwrap_or(u64::MAX)
+    }
+}
+
+/// What the `wasi-probe` policy answers: 1 if the wall clock is not `now_ms`, 2 if the
+/// monotonic clock moves within the call, 3 if a host file can be read, 4 if there is an
+/// environment; otherwise 10,000 plus 0-999 drawn from std's randomly seeded hasher, which
+/// must repeat for the same `now_ms`.
+#[cfg(feature = "wasi-probe")]
+fn probe_delay_ms(now_ms: u64, seq: u64) -> u64 {
+    use std::hash::BuildHasher;
+    let wall_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(u128::MAX, |d| d.as_millis());
+    let started = std::time::Instant::now();
+    if wall_ms != u128::from(now_ms) {
+        1
+    } else if std::fs::read("/etc/passwd").is_ok() || std::fs::read_dir(".").is_ok() {
+        3
+    } else if std::env::vars().next().is_some() {
+        4
+    } else if started.elapsed() != std::time::Duration::ZERO {
+        2
+    } else {
+        10_000 + std::collections::hash_map::RandomState::new().hash_one(seq) % 1000
     }
 }
 

@@ -180,6 +180,13 @@ pub fn decision_costs(
                 "split policies are not benched yet: their cost is one call per split task, timed by `sluice bench e2e`"
             ),
         })?;
+        // A faulted call is answered by the fallback, so its time is not the policy's.
+        let faults_total = registry.status(kind).counters.faults_total;
+        if faults_total > 0 {
+            anyhow::bail!(
+                "a batch of {batch} faulted ({faults_total} faults; out of fuel or memory? see the log): raise --fuel or --memory-limit, and grant the same at upload"
+            );
+        }
         outln!(
             "{batch:>6} {:>14.1}",
             wasm.as_nanos() as f64 / (rounds * batch) as f64
