@@ -116,7 +116,8 @@ impl Default for ServeConfig {
             policy_max_call_fuel: 10_000_000_000,
             policy_max_faults: 5,
             policy_fault_window_ms: 60_000,
-            max_policy_bytes: 16 * 1024 * 1024,
+            // An interpreted policy (Python's runtime) is about 18 MiB.
+            max_policy_bytes: 32 * 1024 * 1024,
             max_policy_data_bytes: crate::policy::DEFAULT_MAX_DATA_BYTES,
             lease_ms: 30_000,
             worker_stale_ms: 30_000,

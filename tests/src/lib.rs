@@ -422,6 +422,56 @@ pub fn build_policy_project(project: &Path, crate_name: &str) -> Vec<u8> {
     std::fs::read(target_dir.join(file)).expect("the built component")
 }
 
+/// componentize-py (PyPI), which builds the Python policies: `SLUICE_COMPONENTIZE_PY` (`.ci/run`
+/// sets it to where pip put it) or `componentize-py` on PATH. `None` when there is none, and
+/// the caller skips, unless `SLUICE_REQUIRE_COMPONENTIZE_PY=1` (set by `.ci/run`) makes that a
+/// failure.
+pub fn componentize_py() -> Option<PathBuf> {
+    let program = PathBuf::from(
+        std::env::var("SLUICE_COMPONENTIZE_PY").unwrap_or_else(|_| "componentize-py".into()),
+    );
+    let found = Command::new(&program)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let required = std::env::var("SLUICE_REQUIRE_COMPONENTIZE_PY").is_ok_and(|v| v == "1");
+    assert!(
+        found || !required,
+        "SLUICE_REQUIRE_COMPONENTIZE_PY=1 but {} does not run: pip install componentize-py",
+        program.display()
+    );
+    found.then_some(program)
+}
+
+/// Builds the Python policy whose `app.py` is in the first of `python_path` as a component of
+/// `world`, against the repository's WIT, and reads it.
+pub fn build_python_policy(
+    componentize_py: &Path,
+    world: &str,
+    python_path: &[&Path],
+    out: &Path,
+) -> Vec<u8> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut command = Command::new(componentize_py);
+    command
+        .arg("-d")
+        .arg(root.join("wit"))
+        .args(["-w", world, "componentize", "app", "-o"])
+        .arg(out);
+    for path in python_path {
+        command.arg("-p").arg(path);
+    }
+    let built = command.output().expect("run componentize-py");
+    assert!(
+        built.status.success(),
+        "componentize-py failed for {world}: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    std::fs::read(out).expect("the built component")
+}
+
 /// PUTs `bytes` as a component of `kind`, with `config` (name=value lines) if given.
 pub async fn put_policy(
     client: &reqwest::Client,

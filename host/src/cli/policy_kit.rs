@@ -1,6 +1,7 @@
 //! `sluice policy new|check|bench`: a platform team's local tools. `new` writes a buildable
-//! project on the Rust SDK (vendored, so it builds anywhere); `check` runs an upload's
-//! validation and conformance offline; `bench` prints what a decision of a component costs.
+//! project on the Rust or Python SDK (vendored, so it builds anywhere); `check` runs an
+//! upload's validation and conformance offline; `bench` prints what a decision of a component
+//! costs.
 
 use anyhow::{Context, bail};
 use sluice::policy::{
@@ -111,10 +112,51 @@ fn template(kind: Kind) -> &'static str {
     }
 }
 
-/// Writes the project `dir/name`; refuses to touch an existing directory.
+/// The Python SDK module, vendored into every Python project.
+const PYTHON_SDK: &str = include_str!("../../../policies/examples/python/sdk/sluice_policy.py");
+
+/// A first Python policy of each kind the Python SDK covers.
+fn python_template(kind: Kind) -> anyhow::Result<&'static str> {
+    match kind {
+        Kind::Retry => Ok(include_str!("../../assets/policy-templates/retry.py")),
+        Kind::Aging => Ok(include_str!("../../assets/policy-templates/aging.py")),
+        Kind::Priority | Kind::Split | Kind::Merge => bail!(
+            "--lang python: the Python SDK covers retry and aging policies; write a {kind} policy in rust"
+        ),
+    }
+}
+
+/// The files of a Python project: the policy, the SDK module and the WIT it builds against.
+fn python_files(kind: Kind, name: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let world = format!("{kind}-policy");
+    let readme = format!(
+        "# {name}\n\nA {kind} policy for Sluice in Python (componentize-py, from PyPI), on the \
+         vendored SDK module `sluice_policy.py`.\n\n```sh\n\
+         pip install componentize-py==0.25.1\n\
+         componentize-py -d wit -w {world} componentize app -p . -o {name}.wasm\n\
+         sluice policy check {name}.wasm\n\
+         sluice policy bench {name}.wasm\n\
+         sluice policy upload {kind} {name}.wasm\n\
+         sluice policy activate {kind} VERSION\n```\n\n\
+         An interpreter costs about 10 us and 50,000 fuel a decision (a Rust policy: 10-50 ns); \
+         grant a batch's worth at upload with `--fuel` (see policies/README.md).\n"
+    );
+    Ok(vec![
+        ("app.py".into(), python_template(kind)?.into()),
+        ("sluice_policy.py".into(), PYTHON_SDK.into()),
+        (
+            "wit/policy.wit".into(),
+            include_str!("../../../wit/policy.wit").into(),
+        ),
+        ("README.md".into(), readme),
+    ])
+}
+
+/// Writes the project `dir/name` in `lang` (rust or python); refuses to touch an existing
+/// directory.
 pub fn new_project(kind: Kind, name: &str, lang: &str, dir: &Path) -> anyhow::Result<PathBuf> {
-    if lang != "rust" {
-        bail!("--lang {lang}: only rust templates ship so far");
+    if lang != "rust" && lang != "python" {
+        bail!("--lang {lang}: templates ship for rust and python");
     }
     let valid = !name.is_empty()
         && name.len() <= 64
@@ -134,6 +176,24 @@ pub fn new_project(kind: Kind, name: &str, lang: &str, dir: &Path) -> anyhow::Re
             root.display()
         );
     }
+    let files = if lang == "python" {
+        python_files(kind, name)?
+    } else {
+        rust_files(kind, name)
+    };
+    for (path, text) in files {
+        let path = root.join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(root)
+}
+
+/// The files of a Rust project: the crate, and the SDK and the crates under it vendored.
+fn rust_files(kind: Kind, name: &str) -> Vec<(String, String)> {
     let artifact = name.replace('-', "_");
     let readme = format!(
         "# {name}\n\nA {kind} policy for Sluice, on the Rust SDK (vendored in `vendor/`).\n\n```sh\n\
@@ -159,15 +219,7 @@ pub fn new_project(kind: Kind, name: &str, lang: &str, dir: &Path) -> anyhow::Re
     files.push(("Cargo.toml".into(), project_manifest(name)));
     files.push(("src/lib.rs".into(), template(kind).to_owned()));
     files.push(("README.md".into(), readme));
-    for (path, text) in files {
-        let path = root.join(path);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("cannot create {}", parent.display()))?;
-        }
-        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    Ok(root)
+    files
 }
 
 /// A registry over a throwaway store: the server's validation, with nothing kept. Its
@@ -210,6 +262,9 @@ pub fn check(
     grants: super::policy::GrantArgs,
 ) -> anyhow::Result<(Kind, tempfile::TempDir, PolicyRegistry, u32)> {
     let (dir, registry) = scratch_registry(grants)?;
+    // The world it exports names its kind; only a component that exports none is tried as
+    // each kind in turn, to say what each world lacks.
+    let kind = kind.or_else(|| sluice::policy::exported_kind(bytes));
     let kinds: Vec<Kind> = match kind {
         Some(kind) => vec![kind],
         None => Kind::ALL.to_vec(),

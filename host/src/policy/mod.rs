@@ -31,6 +31,7 @@ pub use registry::{
 };
 pub use runtime::{
     Compiled, Grants, Kind, PolicyData, PolicyError, PolicyRuntime, RuntimeOptions, Sandbox,
+    exported_kind,
 };
 pub use slot::{Decided, FaultLimit, SlotCounters};
 

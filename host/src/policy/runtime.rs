@@ -351,6 +351,33 @@ impl PolicyRuntime {
     }
 }
 
+/// The kind whose policy interface `bytes` exports at its top level, read without compiling
+/// it; `None` for a component that exports none (or is not one).
+pub fn exported_kind(bytes: &[u8]) -> Option<Kind> {
+    use wasmparser::{Parser, Payload};
+    let mut depth = 0usize;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.ok()? {
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+            Payload::End(_) => depth = depth.checked_sub(1)?,
+            Payload::ComponentExportSection(exports) if depth == 0 => {
+                for export in exports {
+                    let name = export.ok()?.name.name;
+                    let Some(interface) = name.strip_prefix("sluice:policy/") else {
+                        continue;
+                    };
+                    let interface = interface.split('@').next().unwrap_or(interface);
+                    if let Some(kind) = Kind::ALL.into_iter().find(|k| k.as_str() == interface) {
+                        return Some(kind);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 impl Compiled {
     fn check_world(&self) -> Result<(), PolicyError> {
         use super::bindings::*;

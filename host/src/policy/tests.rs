@@ -332,3 +332,16 @@ mod sandbox {
         );
     }
 }
+
+#[test]
+fn the_kind_is_read_from_the_exports_without_compiling() {
+    assert_eq!(exported_kind(defaults::RETRY_BACKOFF), Some(Kind::Retry));
+    assert_eq!(exported_kind(defaults::AGING_THRESHOLD), Some(Kind::Aging));
+    assert_eq!(exported_kind(defaults::MERGE_TOPK), Some(Kind::Merge));
+    assert_eq!(exported_kind(defaults::SPLIT_HASH), Some(Kind::Split));
+    assert_eq!(
+        exported_kind(defaults::PRIORITY_BUCKETS),
+        Some(Kind::Priority)
+    );
+    assert_eq!(exported_kind(b"\0asm garbage"), None);
+}
