@@ -456,6 +456,8 @@ pub fn build_python_policy(
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut command = Command::new(componentize_py);
     command
+        // Importing the policy to snapshot it would leave __pycache__ in the source tree.
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .arg("-d")
         .arg(root.join("wit"))
         .args(["-w", world, "componentize", "app", "-o"])

@@ -73,8 +73,27 @@ async fn split_ivf_with_a_centroid_blob_answers_what_its_probes_reach() {
         .map(|row| nearest_lists(&centroids, row, 1)[0])
         .collect();
 
-    let server = Server::start(&dir.path().join("db"));
     let blob = format!("centroids={}", centroids_file.display());
+    // Offline first: `policy check --data` runs the checks an upload of the blob runs.
+    let component = dir.path().join("split_ivf.wasm");
+    std::fs::write(&component, policy_component("split-ivf", None)).unwrap();
+    let component = component.to_str().unwrap();
+    let checked = succeeded(run_sluice(
+        &[
+            "policy", "check", component, "--data", &blob, "--config", "nprobe=8",
+        ],
+        &[],
+    ));
+    assert!(checked.contains("is a split policy"), "{checked}");
+    let odd = dir.path().join("odd.bin");
+    std::fs::write(&odd, [0u8; 7]).unwrap();
+    let odd = format!("centroids={}", odd.display());
+    let refused = run_sluice(&["policy", "check", component, "--data", &odd], &[]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("with the data centroids"), "{stderr}");
+
+    let server = Server::start(&dir.path().join("db"));
     let uploaded = succeeded(run_sluice(
         &[
             "policy",

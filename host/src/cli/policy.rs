@@ -76,6 +76,10 @@ pub enum PolicyCommand {
         settings: Vec<String>,
         #[command(flatten)]
         grants: GrantArgs,
+        /// A data blob for the version, name=FILE; repeatable. Checked as an upload checks it:
+        /// init and the conformance cases again, with the data.
+        #[arg(long = "data", value_parser = parse_data)]
+        data: Vec<(String, PathBuf)>,
     },
     /// What one decision of a component costs, one at a time and in batches.
     Bench {
@@ -215,11 +219,13 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             kind,
             settings,
             grants,
+            data,
         } => {
             let bytes = read_component(&file)?;
             let kind = kind.map(|k| k.parse()).transpose()?;
             let config = (!settings.is_empty()).then(|| settings.join("\n"));
-            let (kind, ..) = super::policy_kit::check(&bytes, kind, config, grants)?;
+            let data = read_data(&data)?;
+            let (kind, ..) = super::policy_kit::check(&bytes, kind, config, grants, &data)?;
             outln!(
                 "ok: {} is a {kind} policy; it compiled, imports nothing it may not, inits with its config and passes the {kind} conformance cases",
                 file.display()
@@ -237,7 +243,7 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             let kind = kind.map(|k| k.parse()).transpose()?;
             let config = (!settings.is_empty()).then(|| settings.join("\n"));
             return tokio::task::spawn_blocking(move || {
-                super::policy_kit::bench(&bytes, kind, config, grants, decisions)
+                super::policy_kit::bench(&bytes, kind, config, grants, &[], decisions)
             })
             .await?;
         }
@@ -256,6 +262,17 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
     };
     outln!("{}", serde_json::to_string_pretty(&answer)?)?;
     Ok(())
+}
+
+/// The blobs of `--data name=FILE`, read.
+fn read_data(data: &[(String, PathBuf)]) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    data.iter()
+        .map(|(name, path)| {
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("cannot read the data {}", path.display()))?;
+            Ok((name.clone(), bytes))
+        })
+        .collect()
 }
 
 fn client(server: &ServerArg) -> anyhow::Result<Client> {

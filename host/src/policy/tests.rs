@@ -345,3 +345,35 @@ fn the_kind_is_read_from_the_exports_without_compiling() {
     );
     assert_eq!(exported_kind(b"\0asm garbage"), None);
 }
+
+/// A retry component built at commit 3c4ae0e, before the `data` interface was added to
+/// `sluice:policy@0.1.0` and before the virtual WASI: it still loads, inits and decides.
+#[test]
+fn a_component_built_before_the_wit_grew_still_loads_and_decides() {
+    const BEFORE: &[u8] = include_bytes!("../../fixtures/retry-backoff-built-at-3c4ae0e.wasm");
+    let runtime = runtime();
+    let compiled = runtime.compile(Kind::Retry, BEFORE).unwrap();
+    let mut policy = RetryInstance::new(
+        runtime,
+        &compiled,
+        b"initial_delay_ms=100\nmax_delay_ms=100",
+    )
+    .unwrap();
+    let mut words = Vec::new();
+    retry_failure(1, ErrorClass::Transient, 7).write(&mut words);
+    retry_failure(1, ErrorClass::Permanent, 7).write(&mut words);
+    let decided: Vec<_> = policy
+        .decide(5, &words)
+        .unwrap()
+        .into_iter()
+        .map(Decision::read)
+        .collect();
+    // Full jitter over [0, 100]: 7 % 101.
+    assert_eq!(
+        decided,
+        [
+            Ok(Decision::RetryAfterMs(7)),
+            Ok(Decision::Dead(DeadReason::Permanent))
+        ]
+    );
+}
