@@ -202,19 +202,20 @@ fn define<T: HasWasi>(linker: &mut Linker<T>, import: &str) -> wasmtime::Result<
                 },))
             })?;
         }
-        "wasi:random/random" => {
-            instance.func_wrap("get-random-bytes", |mut store, (len,): (u64,)| {
+        // Secure and insecure random bits are the same seeded stream: replay matters here,
+        // secrecy does not (a policy holds no secrets).
+        "wasi:random/random" | "wasi:random/insecure" => {
+            let infix = if interface.ends_with("insecure") {
+                "insecure-"
+            } else {
+                ""
+            };
+            let bytes = format!("get-{infix}random-bytes");
+            instance.func_wrap(&bytes, |mut store, (len,): (u64,)| {
                 Ok((store.data_mut().wasi().random_bytes(len)?,))
             })?;
-            instance.func_wrap("get-random-u64", |mut store, (): ()| {
-                Ok((store.data_mut().wasi().rng().next_u64(),))
-            })?;
-        }
-        "wasi:random/insecure" => {
-            instance.func_wrap("get-insecure-random-bytes", |mut store, (len,): (u64,)| {
-                Ok((store.data_mut().wasi().random_bytes(len)?,))
-            })?;
-            instance.func_wrap("get-insecure-random-u64", |mut store, (): ()| {
+            let word = format!("get-{infix}random-u64");
+            instance.func_wrap(&word, |mut store, (): ()| {
                 Ok((store.data_mut().wasi().rng().next_u64(),))
             })?;
         }
@@ -241,20 +242,10 @@ fn define<T: HasWasi>(linker: &mut Linker<T>, import: &str) -> wasmtime::Result<
                 Ok((Resource::<OutputSink>::new_own(2),))
             })?;
         }
-        "wasi:cli/terminal-stdin" => {
-            instance.func_wrap("get-terminal-stdin", |_, (): ()| {
-                Ok((None::<Resource<Terminal>>,))
-            })?;
-        }
-        "wasi:cli/terminal-stdout" => {
-            instance.func_wrap("get-terminal-stdout", |_, (): ()| {
-                Ok((None::<Resource<Terminal>>,))
-            })?;
-        }
-        "wasi:cli/terminal-stderr" => {
-            instance.func_wrap("get-terminal-stderr", |_, (): ()| {
-                Ok((None::<Resource<Terminal>>,))
-            })?;
+        // `wasi:cli/terminal-stdin` has `get-terminal-stdin`, and so on: no stream is one.
+        "wasi:cli/terminal-stdin" | "wasi:cli/terminal-stdout" | "wasi:cli/terminal-stderr" => {
+            let getter = format!("get-{}", interface.trim_start_matches("wasi:cli/"));
+            instance.func_wrap(&getter, |_, (): ()| Ok((None::<Resource<Terminal>>,)))?;
         }
         "wasi:io/streams" => define_output_stream(&mut instance)?,
         "wasi:io/poll" => {
