@@ -13,6 +13,7 @@ mod repair;
 mod serve;
 mod tasks;
 mod token;
+mod trace;
 mod worker;
 
 use clap::{Parser, Subcommand};
@@ -59,6 +60,11 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Cut a damaged write-ahead log so the server starts again, keeping a copy of it.
     Repair(repair::RepairArgs),
+    /// Write workload traces for simulations: synthetic, or imported from a cluster's CSV.
+    Trace {
+        #[command(subcommand)]
+        command: trace::TraceCommand,
+    },
     /// Measure throughput and latency; prints figures.
     Bench {
         #[command(subcommand)]
@@ -69,7 +75,7 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Demo(_) => "warn",
+        Command::Demo(_) | Command::Trace { .. } => "warn",
         // Local tools: their answer is on stdout, not in a log.
         Command::Policy {
             command: policy::PolicyCommand::Check { .. } | policy::PolicyCommand::Bench { .. },
@@ -101,6 +107,7 @@ pub fn main() -> ExitCode {
             Command::Worker(args) => worker::run_worker(args).await,
             Command::Bench { command } => bench::run(command).await,
             Command::Repair(args) => repair::run(args),
+            Command::Trace { command } => trace::run(command),
         }
     });
     match outcome {
