@@ -212,13 +212,19 @@ mod sandbox {
         words
     }
 
-    /// A misbehaving call faults within its bounds, and the instance serves again afterwards
-    /// (a fresh instance of the same module, which misbehaves again: the host keeps going).
-    fn assert_bounded_fault(feature: &str, within: Duration) {
+    /// The hostile retry policy built with `feature`, compiled.
+    fn hostile_retry(feature: &str) -> (Arc<PolicyRuntime>, Compiled) {
         let runtime = runtime();
         let compiled = runtime
             .compile(Kind::Retry, &hostile::component(feature))
             .unwrap();
+        (runtime, compiled)
+    }
+
+    /// A misbehaving call faults within its bounds, and the instance serves again afterwards
+    /// (a fresh instance of the same module, which misbehaves again: the host keeps going).
+    fn assert_bounded_fault(feature: &str, within: Duration) {
+        let (runtime, compiled) = hostile_retry(feature);
         let mut policy = RetryInstance::new(runtime.clone(), &compiled, b"").unwrap();
         for round in 0..2 {
             let started = Instant::now();
@@ -263,10 +269,7 @@ mod sandbox {
 
     #[test]
     fn a_fault_says_what_the_guest_wrote_before_it() {
-        let runtime = runtime();
-        let compiled = runtime
-            .compile(Kind::Retry, &hostile::component("trap"))
-            .unwrap();
+        let (runtime, compiled) = hostile_retry("trap");
         let mut policy = RetryInstance::new(runtime, &compiled, b"").unwrap();
         match policy.decide(5, &failure()) {
             Err(PolicyError::Fault(message)) => assert!(
@@ -290,10 +293,7 @@ mod sandbox {
     #[test]
     fn a_module_that_reads_a_host_file_finds_none() {
         // Its init refuses to start if the read succeeds.
-        let runtime = runtime();
-        let compiled = runtime
-            .compile(Kind::Retry, &hostile::component("files"))
-            .unwrap();
+        let (runtime, compiled) = hostile_retry("files");
         RetryInstance::new(runtime, &compiled, b"").unwrap();
     }
 
@@ -302,10 +302,7 @@ mod sandbox {
     /// hasher's keys once per instance, so each draw is the first call of a fresh instance.
     #[test]
     fn the_virtual_wasi_freezes_the_clock_at_now_and_replays_its_random_bits() {
-        let runtime = runtime();
-        let compiled = runtime
-            .compile(Kind::Retry, &hostile::component("wasi-probe"))
-            .unwrap();
+        let (runtime, compiled) = hostile_retry("wasi-probe");
         let delay_at = |now_ms: u64| {
             let mut policy = RetryInstance::new(runtime.clone(), &compiled, b"").unwrap();
             match Decision::read(policy.decide(now_ms, &failure()).unwrap()[0]) {
