@@ -157,11 +157,10 @@ async fn a_failed_sled_sync_stops_acknowledgements_and_the_restart_loses_nothing
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_directory_sync_stops_acknowledgements_and_the_restart_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
+    // The directory changes when a segment is made, so the failing sync may be the first one
+    // after start, which no request need be waiting on: then the server stops before it
+    // answers anything (a CI run saw that). Either way nothing acknowledged may be lost.
     let run = run_until_the_sync_fails(dir.path(), "wal-dir-sync=return").await;
-    assert!(
-        run.refused > 0,
-        "the request waiting on the failed sync got no 503"
-    );
     assert_nothing_acknowledged_was_lost(dir.path(), &run).await;
 }
 
