@@ -11,9 +11,11 @@ use std::process::{Command, exit};
 
 /// (constant name, crate name) of each embedded component: the defaults, and the other
 /// policies shipped for upload (`sluice policy upload --builtin NAME`).
-const COMPONENTS: [(&str, &str); 10] = [
+const COMPONENTS: [(&str, &str); 12] = [
     ("PRIORITY_BUCKETS", "priority_buckets"),
     ("AGING_THRESHOLD", "aging_threshold"),
+    ("AGING_AGE_FACTOR", "aging_age_factor"),
+    ("AGING_DEADLINE", "aging_deadline"),
     ("RETRY_BACKOFF", "retry_backoff"),
     ("SPLIT_SHARDS", "split_shards"),
     ("SPLIT_HASH", "split_hash"),

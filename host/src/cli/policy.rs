@@ -31,8 +31,8 @@ pub enum PolicyCommand {
         #[arg(required_unless_present = "builtin", conflicts_with = "builtin")]
         file: Option<PathBuf>,
         /// Upload a component shipped in this binary instead of a file: priority-buckets,
-        /// aging-threshold, retry-backoff, split-shards, split-hash, split-range, split-ivf,
-        /// merge-topk, merge-threshold or merge-weighted.
+        /// aging-threshold, aging-age-factor, aging-deadline, retry-backoff, split-shards,
+        /// split-hash, split-range, split-ivf, merge-topk, merge-threshold or merge-weighted.
         #[arg(long)]
         builtin: Option<String>,
         /// A setting for the component's init, name=value; repeatable. Without any, the

@@ -4,9 +4,11 @@
 include!(concat!(env!("OUT_DIR"), "/default_policies.rs"));
 
 /// Every embedded component by its crate name, for `sluice policy upload --builtin NAME`.
-pub const BY_NAME: [(&str, &[u8]); 10] = [
+pub const BY_NAME: [(&str, &[u8]); 12] = [
     ("priority-buckets", PRIORITY_BUCKETS),
     ("aging-threshold", AGING_THRESHOLD),
+    ("aging-age-factor", AGING_AGE_FACTOR),
+    ("aging-deadline", AGING_DEADLINE),
     ("retry-backoff", RETRY_BACKOFF),
     ("split-shards", SPLIT_SHARDS),
     ("split-hash", SPLIT_HASH),
