@@ -133,6 +133,15 @@ impl Client {
         self.get_json("/v1/tasks", query).await
     }
 
+    /// A page of the global event log after `after_seq`.
+    pub async fn log(&self, after_seq: u64, limit: usize) -> Result<Value, ClientError> {
+        let query = [
+            ("after", after_seq.to_string()),
+            ("limit", limit.to_string()),
+        ];
+        self.get_json("/v1/events", &query).await
+    }
+
     pub async fn events(&self, id: &str) -> Result<Value, ClientError> {
         self.get_json(&format!("/v1/tasks/{id}/events"), &[]).await
     }

@@ -13,6 +13,7 @@ pub mod config;
 pub mod engine;
 pub mod model;
 pub mod policy;
+pub mod replay;
 pub mod scheduler;
 pub mod server;
 pub mod sim;

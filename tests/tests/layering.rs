@@ -66,6 +66,15 @@ fn the_engine_and_the_driver_depend_on_no_shell_backend_runtime_or_http() {
 }
 
 #[test]
+fn the_replay_runs_policies_on_the_driver_without_the_servers_shell() {
+    // It loads the real components through the policy registry, but schedules through the
+    // driver: no writer thread, no HTTP, no telemetry.
+    let forbidden = ["crate::scheduler", "crate::api", "crate::telemetry", "axum"];
+    let found = offenders("replay", &forbidden);
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
 fn only_the_sled_backend_names_sled_in_code() {
     let backend = Path::new(env!("CARGO_MANIFEST_DIR")).join("../host/src/store/sled");
     let mut found = Vec::new();

@@ -357,3 +357,59 @@ async fn with_auth_on_the_status_page_asks_for_a_viewer_token_and_streams_with_i
     assert!(form_hidden.is_some(), "the page asked for the token again");
     page.close().await.expect("end the browser session");
 }
+
+/// `sluice sim`'s plots open in the browser as pictures: an SVG document whose lines have a
+/// size on the page (a malformed file would show Chromium's XML error page instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulations_svg_plots_render_in_chromium() {
+    if no_browser() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    let out = dir.path().join("sim");
+    let generated = run_sluice(
+        &[
+            "trace", "gen", "--tasks", "400", "--seed", "2", "--shape", "burst",
+        ],
+        &[],
+    );
+    std::fs::write(&trace, succeeded(generated)).unwrap();
+    succeeded(run_sluice(
+        &[
+            "sim",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--workers",
+            "2x2",
+            "--compare",
+            "aging=builtin:aging-age-factor?max_age_ms=20000",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let driver = start_driver().await;
+    let page = browser(&driver, &dir.path().join("chromium-profile")).await;
+    for (plot, lines) in [("wait-cdf.svg", 6), ("queue-depth.svg", 6)] {
+        let url = format!("file://{}", out.join(plot).display());
+        page.goto(&url).await.expect("open the plot");
+        let drawn = page
+            .execute(
+                "const svg = document.documentElement;
+                 const lines = [...document.querySelectorAll('polyline')];
+                 return [svg.localName, lines.length,
+                         lines.filter(l => {
+                             const box = l.getBBox();
+                             return box.width + box.height > 50;
+                         }).length];",
+                vec![],
+            )
+            .await
+            .expect("measure the plot");
+        assert_eq!(drawn, json!(["svg", lines, lines]), "{plot}");
+        let png = page.screenshot().await.expect("a screenshot");
+        assert!(png.len() > 1_000, "{plot}: an empty screenshot");
+    }
+    page.close().await.unwrap();
+}

@@ -11,6 +11,7 @@ mod policy;
 mod policy_kit;
 mod repair;
 mod serve;
+mod sim;
 mod tasks;
 mod token;
 mod trace;
@@ -60,11 +61,13 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Cut a damaged write-ahead log so the server starts again, keeping a copy of it.
     Repair(repair::RepairArgs),
-    /// Write workload traces for simulations: synthetic, or imported from a cluster's CSV.
+    /// Write workload traces for simulations: synthetic, from a cluster's CSV, or a server's.
     Trace {
         #[command(subcommand)]
         command: trace::TraceCommand,
     },
+    /// Replay a trace in virtual time with real policy components; compare two variants.
+    Sim(sim::SimArgs),
     /// Measure throughput and latency; prints figures.
     Bench {
         #[command(subcommand)]
@@ -75,7 +78,7 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Demo(_) | Command::Trace { .. } => "warn",
+        Command::Demo(_) | Command::Trace { .. } | Command::Sim(_) => "warn",
         // Local tools: their answer is on stdout, not in a log.
         Command::Policy {
             command: policy::PolicyCommand::Check { .. } | policy::PolicyCommand::Bench { .. },
@@ -107,7 +110,8 @@ pub fn main() -> ExitCode {
             Command::Worker(args) => worker::run_worker(args).await,
             Command::Bench { command } => bench::run(command).await,
             Command::Repair(args) => repair::run(args),
-            Command::Trace { command } => trace::run(command),
+            Command::Trace { command } => trace::run(command).await,
+            Command::Sim(args) => sim::run(args),
         }
     });
     match outcome {

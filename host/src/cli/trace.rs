@@ -1,7 +1,10 @@
-//! `sluice trace gen|import`: workload traces for simulations (the format: docs/traces.md),
-//! written to stdout or `--out FILE`.
+//! `sluice trace gen|import|export`: workload traces for simulations (the format:
+//! docs/traces.md), written to stdout or `--out FILE`.
 
+use super::tasks::ServerArg;
 use anyhow::Context;
+use sluice::model::{Event, Task};
+use sluice::trace::export::{EventFold, export};
 use sluice::trace::generate::{Shape, generate};
 use sluice::trace::import::{Columns, TimeUnit, import};
 use sluice::trace::{TraceTask, write_task};
@@ -43,9 +46,20 @@ pub enum TraceCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// A trace of what a server ran: each ended task's submission, service time and failed
+    /// attempts, from its records and its event log (a viewer token with auth on).
+    Export {
+        #[command(flatten)]
+        server: ServerArg,
+        /// Refuse a server with more tasks (all are held to sort them).
+        #[arg(long, default_value_t = 5_000_000)]
+        max_tasks: usize,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
-pub fn run(command: TraceCommand) -> anyhow::Result<()> {
+pub async fn run(command: TraceCommand) -> anyhow::Result<()> {
     match command {
         TraceCommand::Gen {
             tasks,
@@ -77,7 +91,60 @@ pub fn run(command: TraceCommand) -> anyhow::Result<()> {
             .with_context(|| format!("cannot import {}", csv.display()))?;
             write_trace(out.as_deref(), tasks)
         }
+        TraceCommand::Export {
+            server,
+            max_tasks,
+            out,
+        } => export_trace(&server, max_tasks, out.as_deref()).await,
     }
+}
+
+/// Pages through the server's tasks and its event log, then writes the ended tasks' trace.
+async fn export_trace(
+    server: &ServerArg,
+    max_tasks: usize,
+    out: Option<&Path>,
+) -> anyhow::Result<()> {
+    let client = server.client()?;
+    let mut tasks: Vec<Task> = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut query = vec![("limit", "1000".to_owned())];
+        if let Some(after) = &after {
+            query.push(("after", after.clone()));
+        }
+        let mut page = client.list(&query).await?;
+        let listed: Vec<Task> = serde_json::from_value(page["tasks"].take())
+            .context("the server's task list is not what this version reads")?;
+        tasks.extend(listed);
+        if tasks.len() > max_tasks {
+            anyhow::bail!("the server holds more than --max-tasks {max_tasks} tasks");
+        }
+        match page["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let mut fold = EventFold::default();
+    let mut after_seq = 0;
+    loop {
+        let mut page = client.log(after_seq, 1000).await?;
+        let events: Vec<Event> = serde_json::from_value(page["events"].take())
+            .context("the server's event log is not what this version reads")?;
+        let Some(last) = events.last() else { break };
+        after_seq = last.seq;
+        for event in &events {
+            fold.add(event);
+        }
+    }
+    let (trace, skipped) = export(tasks, &fold);
+    eprintln!(
+        "exported {} tasks; left out {} not ended or never run and {} split children",
+        trace.len(),
+        skipped.unfinished_or_never_ran,
+        skipped.split_children
+    );
+    write_trace(out, trace)
 }
 
 fn write_trace(

@@ -28,7 +28,9 @@ pub use policy::{
 };
 pub use priority::Priority;
 pub use queue_entry::{QueueEntry, from_bucket, to_bucket, view as task_view};
-pub use spec::{Limits, Resources, Submission, TaskSpec, ValidationError, check_name};
+pub use spec::{
+    Limits, MAX_ATTEMPTS, Resources, Submission, TaskSpec, ValidationError, check_name,
+};
 pub use state::{IllegalTransition, State};
 pub use task::{
     Admission, Callback, Family, FamilyPart, Lease, MAX_RETIRED_LEASES, RetiredLease, Task,

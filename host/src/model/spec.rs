@@ -93,7 +93,7 @@ const MAX_KEY_LEN: usize = 256;
 const MAX_LABELS: usize = 64;
 const MAX_LABEL_LEN: usize = 256;
 const MAX_URL_LEN: usize = 2048;
-const MAX_ATTEMPTS: u32 = 100;
+pub const MAX_ATTEMPTS: u32 = 100;
 const MAX_EST_EXEC_MS: u64 = 7 * 24 * 3_600_000;
 const MAX_DEADLINE_MS: u64 = 30 * 24 * 3_600_000;
 

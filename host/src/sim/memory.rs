@@ -16,8 +16,8 @@ pub struct MemoryStore {
     worker_events: Vec<WorkerEvent>,
 }
 
-impl MemoryStore {
-    pub fn commit(&mut self, change: Change) {
+impl super::SimStore for MemoryStore {
+    fn commit(&mut self, change: Change) {
         for new in change.new_tasks {
             if let Some((key, record)) = new.key {
                 self.keys.insert(key, record);
@@ -37,7 +37,9 @@ impl MemoryStore {
         self.events.extend(change.events);
         self.worker_events.extend(change.worker_events);
     }
+}
 
+impl MemoryStore {
     pub fn get(&self, id: TaskId) -> Option<&Task> {
         self.tasks.get(&id)
     }

@@ -10,8 +10,8 @@ pub mod workload;
 pub use memory::MemoryStore;
 
 use crate::engine::{
-    CallbackOutcome, Claimed, Decide, Engine, EngineOptions, Input, NativeDecider, Reply, Report,
-    Step, StepError, Submitted, WorkerView,
+    CallbackOutcome, Claimed, Decide, Engine, EngineOptions, Input, NativeDecider, Read, Reply,
+    Report, Step, StepError, Submitted, WorkerView,
 };
 use crate::model::{Actor, Change, Heartbeat, Submission, Task, TaskId};
 use rand::SeedableRng;
@@ -30,15 +30,21 @@ pub enum CallbackReceiver {
 /// Where the first virtual moment of a run is: a round number, so transcripts are easy to read.
 pub const START_MS: u64 = 1_000_000;
 
-pub struct Driver {
+/// Where a driver commits what each step planned: the whole history (`MemoryStore`), or only
+/// what a long replay needs (`crate::replay::ReplayStore`).
+pub trait SimStore: Read {
+    fn commit(&mut self, change: Change);
+}
+
+pub struct Driver<S = MemoryStore> {
     engine: Engine,
-    store: MemoryStore,
+    store: S,
     decide: Box<dyn Decide>,
     random: SmallRng,
     now_ms: u64,
     callbacks: CallbackReceiver,
-    /// One line per event and per worker event, in order: the run's transcript.
-    transcript: String,
+    /// One line per event and per worker event, in order: the run's transcript, when kept.
+    transcript: Option<String>,
 }
 
 impl Driver {
@@ -47,15 +53,34 @@ impl Driver {
         Driver::with_decide(seed, options, Box::new(NativeDecider::default()))
     }
 
+    /// A driver over a `MemoryStore` that keeps a transcript.
     pub fn with_decide(seed: u64, options: EngineOptions, decide: Box<dyn Decide>) -> Driver {
+        Driver::with_store(seed, options, decide, MemoryStore::default(), true)
+    }
+
+    /// The latest record of task `id`.
+    pub fn task(&self, id: TaskId) -> Option<&Task> {
+        self.store.get(id)
+    }
+}
+
+impl<S: SimStore> Driver<S> {
+    /// A driver committing into `store`, keeping a transcript if `transcript` says so.
+    pub fn with_store(
+        seed: u64,
+        options: EngineOptions,
+        decide: Box<dyn Decide>,
+        store: S,
+        transcript: bool,
+    ) -> Driver<S> {
         let mut driver = Driver {
             engine: Engine::new(options),
-            store: MemoryStore::default(),
+            store,
             decide,
             random: SmallRng::seed_from_u64(seed),
             now_ms: START_MS,
             callbacks: CallbackReceiver::Accept,
-            transcript: String::new(),
+            transcript: transcript.then(String::new),
         };
         driver.step(Input::PoliciesChanged);
         driver
@@ -78,17 +103,25 @@ impl Driver {
         &self.engine
     }
 
-    pub fn store(&self) -> &MemoryStore {
+    pub fn store(&self) -> &S {
         &self.store
     }
 
-    /// The latest record of task `id`.
-    pub fn task(&self, id: TaskId) -> Option<&Task> {
-        self.store.get(id)
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
     }
 
+    /// The transcript so far; empty when the driver keeps none.
     pub fn transcript(&self) -> &str {
-        &self.transcript
+        self.transcript.as_deref().unwrap_or("")
+    }
+
+    /// The transcript, handed over; empty when the driver keeps none.
+    pub fn take_transcript(&mut self) -> String {
+        self.transcript
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Runs one input through the engine at the current time and commits what it planned.
@@ -123,25 +156,8 @@ impl Driver {
     }
 
     fn commit(&mut self, change: Change) {
-        for event in &change.events {
-            let _ = writeln!(
-                self.transcript,
-                "{} {} {} {}->{} {} {}",
-                event.seq,
-                event.at_ms,
-                event.task_id,
-                event.from.map_or("none", |s| s.as_str()),
-                event.to,
-                event.actor,
-                event.detail.as_deref().unwrap_or("")
-            );
-        }
-        for event in &change.worker_events {
-            let _ = writeln!(
-                self.transcript,
-                "w{} {} {} {}->{} {}",
-                event.seq, event.at_ms, event.worker, event.from, event.to, event.reason
-            );
+        if let Some(transcript) = self.transcript.as_mut() {
+            write_transcript(transcript, &change);
         }
         self.store.commit(change);
     }
@@ -203,6 +219,30 @@ impl Driver {
             callback_slots: usize::MAX,
             callback_bytes: usize::MAX,
         });
+    }
+}
+
+/// One line per event and per worker event of `change`.
+fn write_transcript(transcript: &mut String, change: &Change) {
+    for event in &change.events {
+        let _ = writeln!(
+            transcript,
+            "{} {} {} {}->{} {} {}",
+            event.seq,
+            event.at_ms,
+            event.task_id,
+            event.from.map_or("none", |s| s.as_str()),
+            event.to,
+            event.actor,
+            event.detail.as_deref().unwrap_or("")
+        );
+    }
+    for event in &change.worker_events {
+        let _ = writeln!(
+            transcript,
+            "w{} {} {} {}->{} {}",
+            event.seq, event.at_ms, event.worker, event.from, event.to, event.reason
+        );
     }
 }
 

@@ -209,7 +209,7 @@ pub fn run(workload: &Workload) -> Outcome {
                 states: driver.store().states(),
                 virtual_ms: elapsed_ms,
                 drained: ended,
-                transcript: std::mem::take(&mut driver.transcript),
+                transcript: driver.take_transcript(),
             };
         }
         driver.tick(workload.step_ms);

@@ -1,7 +1,9 @@
 //! Workload traces: the JSONL format a simulation replays (one task a line, in submission
 //! order), its bounded reader and its writer; `generate` makes synthetic traces from a seed and
-//! `import` reads cluster traces from CSV. The format is documented in `docs/traces.md`.
+//! `import` reads cluster traces from CSV; `export` writes one from a server's records. The
+//! format is documented in `docs/traces.md`.
 
+pub mod export;
 pub mod generate;
 pub mod import;
 

@@ -201,3 +201,105 @@ fn a_bad_mapping_or_row_is_refused_with_what_is_wrong() {
     let error = import(CSV.as_bytes(), &columns(), TimeUnit::Seconds, 2).unwrap_err();
     assert!(matches!(error, ImportError::TooMany(2)), "{error}");
 }
+
+fn submission(body: serde_json::Value) -> crate::model::Submission {
+    serde_json::from_value::<crate::model::TaskSpec>(body)
+        .unwrap()
+        .into_submission(None, &crate::model::Limits::default())
+        .unwrap()
+}
+
+#[test]
+fn an_export_holds_each_ended_tasks_submission_service_time_and_failed_attempts() {
+    use super::export::{EventFold, export, failure_class};
+    use crate::engine::{EngineOptions, Report};
+    use crate::model::{Heartbeat, State};
+    use crate::sim::Driver;
+    let mut driver = Driver::new(1, EngineOptions::default());
+    let urgent = driver
+        .submit(submission(serde_json::json!({
+            "kind": "oct.scan", "priority": "urgent", "tenant": "site-1",
+            "device": "scanner-1", "est_exec_ms": 500,
+            "resources": {"gpu_memory_mb": 0},
+        })))
+        .unwrap()
+        .task
+        .id;
+    driver.advance_to(driver.now_ms() + 100);
+    let low = driver
+        .submit(submission(serde_json::json!({
+            "kind": "oct.scan", "priority": "low", "tenant": "site-2", "est_exec_ms": 900,
+        })))
+        .unwrap()
+        .task
+        .id;
+    let never_run = driver
+        .submit(submission(serde_json::json!({"kind": "other.kind"})))
+        .unwrap()
+        .task
+        .id;
+    let worker = Heartbeat {
+        max_concurrency: 2,
+        kinds: vec!["oct.scan".into()],
+        ..Heartbeat::default()
+    };
+    driver.heartbeat("w", worker.clone()).unwrap();
+    let leases = driver.claim("w", 2).unwrap().leases;
+    let token = |id| {
+        let task: &crate::model::Task = leases.iter().find(|t| t.id == id).unwrap();
+        task.lease.as_ref().unwrap().token.clone()
+    };
+    let (urgent_token, low_token) = (token(urgent), token(low));
+    driver.advance_to(driver.now_ms() + 50);
+    driver.report(urgent, &urgent_token, Report::Start).unwrap();
+    driver.advance_to(driver.now_ms() + 300);
+    let complete = || Report::Complete {
+        result: serde_json::json!({}),
+    };
+    driver.report(urgent, &urgent_token, complete()).unwrap();
+    let fail = Report::Fail {
+        class: FailureClass::NodeBusy,
+        message: "busy".into(),
+    };
+    driver.report(low, &low_token, fail).unwrap();
+    // Past the retry delay, it runs again and completes after 400 ms.
+    while driver.task(low).unwrap().state != State::Queued {
+        driver.tick(60_000);
+    }
+    driver.heartbeat("w", worker).unwrap();
+    let again = driver.claim("w", 1).unwrap().leases;
+    assert_eq!(again[0].id, low);
+    let token = again[0].lease.as_ref().unwrap().token.clone();
+    driver.advance_to(driver.now_ms() + 400);
+    driver.report(low, &token, complete()).unwrap();
+
+    let mut fold = EventFold::default();
+    for event in driver.store().events() {
+        fold.add(event);
+    }
+    let tasks: Vec<crate::model::Task> = driver.store().tasks().cloned().collect();
+    let (trace, skipped) = export(tasks, &fold);
+    assert_eq!(
+        skipped.unfinished_or_never_ran, 1,
+        "{never_run} is still queued"
+    );
+    let mut expected_urgent = TraceTask::at(0, 300);
+    expected_urgent.priority = Priority::Urgent;
+    expected_urgent.tenant = "site-1".into();
+    expected_urgent.device = "scanner-1".into();
+    expected_urgent.est_exec_ms = Some(500);
+    let mut expected_low = TraceTask::at(100, 400);
+    expected_low.priority = Priority::Low;
+    expected_low.tenant = "site-2".into();
+    expected_low.device = "unknown".into();
+    expected_low.est_exec_ms = Some(900);
+    expected_low.failures = vec![FailureClass::NodeBusy];
+    assert_eq!(trace, [expected_urgent, expected_low]);
+    // What it writes reads back as a trace.
+    assert_eq!(read_all(&written(&trace)).unwrap(), trace);
+    assert_eq!(
+        failure_class("attempt 3 failed (invalid-input); dead: x, by y"),
+        Some(FailureClass::InvalidInput)
+    );
+    assert_eq!(failure_class("promoted low → normal"), None);
+}

@@ -1,0 +1,358 @@
+//! What `sluice sim` tells: each variant's figures as a table, the second against the first,
+//! and `report.json`. Everything here is computed from the runs alone (no wall clock, no
+//! paths of the scratch files), so one seed gives the same bytes.
+
+use super::{RunOutcome, Trace, Variant};
+use crate::model::{Priority, State};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// One bucket's waits (submission to first claim).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WaitFigures {
+    /// Tasks of the bucket that were claimed.
+    pub claimed: u64,
+    pub p50_ms: u64,
+    pub p99_ms: u64,
+    pub max_ms: u64,
+    pub mean_ms: f64,
+    /// The 1st to the 100th percentile, for plotting.
+    pub percentiles_ms: Vec<u64>,
+}
+
+impl WaitFigures {
+    /// From the waits, sorted here.
+    pub fn of(waits_ms: &mut [u64]) -> WaitFigures {
+        waits_ms.sort_unstable();
+        let sum: u128 = waits_ms.iter().map(|&w| u128::from(w)).sum();
+        WaitFigures {
+            claimed: waits_ms.len() as u64,
+            p50_ms: quantile(waits_ms, 0.50),
+            p99_ms: quantile(waits_ms, 0.99),
+            max_ms: waits_ms.last().copied().unwrap_or(0),
+            mean_ms: match waits_ms.len() {
+                0 => 0.0,
+                n => round3(sum as f64 / n as f64),
+            },
+            percentiles_ms: (1..=100)
+                .map(|p| quantile(waits_ms, f64::from(p) / 100.0))
+                .collect(),
+        }
+    }
+}
+
+/// The nearest-rank `q` quantile of sorted `values`; 0 for none.
+pub fn quantile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn round3(value: f64) -> f64 {
+    (value * 1_000.0).round() / 1_000.0
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyFaults {
+    pub faults: u64,
+    pub fallbacks: u64,
+    pub deactivations: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct QueueDepth {
+    pub interval_ms: u64,
+    pub urgent: Vec<u32>,
+    pub normal: Vec<u32>,
+    pub low: Vec<u32>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct VariantReport {
+    pub name: String,
+    pub policies: String,
+    pub tasks: u64,
+    pub completed: u64,
+    pub dead: u64,
+    /// Tasks that ended otherwise (failed, timed out, cancelled).
+    pub other_ended: u64,
+    pub retries: u64,
+    pub promotions: u64,
+    pub attempts_per_task: f64,
+    pub throughput_per_s: f64,
+    /// Busy GPU slot time over the fleet's slot time in the makespan.
+    pub utilisation: f64,
+    pub makespan_ms: u64,
+    pub stranded: u64,
+    pub unfinished: u64,
+    pub crashes: u64,
+    pub drained: bool,
+    /// Per submitted priority.
+    pub wait_ms: BTreeMap<Priority, WaitFigures>,
+    pub policy_faults: BTreeMap<String, PolicyFaults>,
+    pub queue_depth: QueueDepth,
+}
+
+impl VariantReport {
+    pub fn new(variant: &Variant, trace: &Trace, mut outcome: RunOutcome) -> VariantReport {
+        let ended = |state| outcome.tally.ended.get(&state).copied().unwrap_or(0);
+        let completed = ended(State::Completed);
+        let dead = ended(State::Dead);
+        let all_ended: u64 = outcome.tally.ended.values().sum();
+        let wait_ms = Priority::ALL
+            .into_iter()
+            .zip(outcome.tally.waits_ms.iter_mut())
+            .map(|(bucket, waits)| (bucket, WaitFigures::of(waits)))
+            .collect();
+        let seconds = outcome.makespan_ms.max(1) as f64 / 1_000.0;
+        let [urgent, normal, low] = outcome.depth;
+        VariantReport {
+            name: variant.name.clone(),
+            policies: variant.label(),
+            tasks: trace.len() as u64,
+            completed,
+            dead,
+            other_ended: all_ended - completed - dead,
+            retries: outcome.tally.retries,
+            promotions: outcome.tally.promotions,
+            attempts_per_task: match all_ended {
+                0 => 0.0,
+                n => round3(outcome.tally.attempts_of_ended as f64 / n as f64),
+            },
+            throughput_per_s: round3(completed as f64 / seconds),
+            utilisation: round3(outcome.busy_slot_ms as f64 / outcome.slot_ms.max(1) as f64),
+            makespan_ms: outcome.makespan_ms,
+            stranded: outcome.stranded,
+            unfinished: outcome.unfinished,
+            crashes: outcome.crashes,
+            drained: outcome.drained,
+            wait_ms,
+            policy_faults: outcome
+                .policy_faults
+                .into_iter()
+                .map(|(kind, (faults, fallbacks, deactivations))| {
+                    let faults = PolicyFaults {
+                        faults,
+                        fallbacks,
+                        deactivations,
+                    };
+                    (kind, faults)
+                })
+                .collect(),
+            queue_depth: QueueDepth {
+                interval_ms: outcome.depth_interval_ms,
+                urgent,
+                normal,
+                low,
+            },
+        }
+    }
+
+    fn wait(&self, bucket: Priority) -> Option<&WaitFigures> {
+        self.wait_ms.get(&bucket)
+    }
+}
+
+/// One figure of the second variant against the first.
+#[derive(Clone, Debug, Serialize)]
+pub struct Difference {
+    pub bucket: Priority,
+    pub figure: &'static str,
+    pub first_ms: u64,
+    pub second_ms: u64,
+    /// (second − first) / first, in percent; none when the first is 0.
+    pub change_percent: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    pub trace_tasks: u64,
+    pub trace_span_ms: u64,
+    pub seed: u64,
+    pub workers: String,
+    pub variants: Vec<VariantReport>,
+    pub differences: Vec<Difference>,
+    pub verdict: Option<String>,
+}
+
+impl SimReport {
+    pub fn new(
+        trace: &Trace,
+        seed: u64,
+        workers: String,
+        variants: Vec<VariantReport>,
+    ) -> SimReport {
+        let differences = match variants.as_slice() {
+            [first, second, ..] => differences(first, second),
+            _ => Vec::new(),
+        };
+        let verdict = (variants.len() > 1).then(|| verdict(&variants[1].name, &differences));
+        SimReport {
+            trace_tasks: trace.len() as u64,
+            trace_span_ms: trace.span_ms(),
+            seed,
+            workers,
+            variants,
+            differences,
+            verdict,
+        }
+    }
+
+    /// The tables people read: one per variant, then the comparison.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "trace: {} tasks over {}; workers {}; seed {}",
+            self.trace_tasks,
+            duration(self.trace_span_ms),
+            self.workers,
+            self.seed
+        );
+        for variant in &self.variants {
+            let _ = writeln!(out, "\nvariant {}: {}", variant.name, variant.policies);
+            let _ = writeln!(
+                out,
+                "  {:<8} {:>9} {:>10} {:>10} {:>10} {:>10}",
+                "bucket", "claimed", "wait p50", "wait p99", "wait max", "wait mean"
+            );
+            for (bucket, wait) in &variant.wait_ms {
+                let _ = writeln!(
+                    out,
+                    "  {:<8} {:>9} {:>10} {:>10} {:>10} {:>10}",
+                    bucket.as_str(),
+                    wait.claimed,
+                    duration(wait.p50_ms),
+                    duration(wait.p99_ms),
+                    duration(wait.max_ms),
+                    duration(wait.mean_ms as u64)
+                );
+            }
+            let _ = writeln!(
+                out,
+                "  completed {}, dead {}, other ends {}, retries {}, promotions {}, attempts/task {:.3}",
+                variant.completed,
+                variant.dead,
+                variant.other_ended,
+                variant.retries,
+                variant.promotions,
+                variant.attempts_per_task
+            );
+            let _ = writeln!(
+                out,
+                "  throughput {:.1}/s, utilisation {:.1} %, makespan {}, crashes {}{}{}",
+                variant.throughput_per_s,
+                variant.utilisation * 100.0,
+                duration(variant.makespan_ms),
+                variant.crashes,
+                match variant.stranded {
+                    0 => String::new(),
+                    n => format!(", {n} never placed (no worker fits them)"),
+                },
+                match (variant.drained, variant.unfinished) {
+                    (true, _) | (_, 0) => String::new(),
+                    (false, n) => format!(", stopped with {n} unfinished"),
+                }
+            );
+            let faulted: Vec<String> = variant
+                .policy_faults
+                .iter()
+                .filter(|(_, f)| f.faults > 0)
+                .map(|(kind, f)| {
+                    format!(
+                        "{kind}: {} faults, {} fallbacks, {} deactivations",
+                        f.faults, f.fallbacks, f.deactivations
+                    )
+                })
+                .collect();
+            if !faulted.is_empty() {
+                let _ = writeln!(out, "  policy faults: {}", faulted.join("; "));
+            }
+        }
+        if let [first, second, ..] = self.variants.as_slice() {
+            let _ = writeln!(out, "\n{} against {}:", second.name, first.name);
+            for difference in &self.differences {
+                let _ = writeln!(
+                    out,
+                    "  {:<8} {:<4} {:>10} → {:>10}  {}",
+                    difference.bucket.as_str(),
+                    difference.figure,
+                    duration(difference.first_ms),
+                    duration(difference.second_ms),
+                    change(difference.change_percent)
+                );
+            }
+        }
+        if let Some(verdict) = &self.verdict {
+            let _ = writeln!(out, "\nverdict: {verdict}");
+        }
+        out
+    }
+}
+
+fn differences(first: &VariantReport, second: &VariantReport) -> Vec<Difference> {
+    let mut out = Vec::new();
+    for bucket in Priority::ALL {
+        let (Some(a), Some(b)) = (first.wait(bucket), second.wait(bucket)) else {
+            continue;
+        };
+        for (figure, first_ms, second_ms) in [
+            ("p50", a.p50_ms, b.p50_ms),
+            ("p99", a.p99_ms, b.p99_ms),
+            ("max", a.max_ms, b.max_ms),
+        ] {
+            out.push(Difference {
+                bucket,
+                figure,
+                first_ms,
+                second_ms,
+                change_percent: (first_ms > 0).then(|| {
+                    round3((second_ms as f64 - first_ms as f64) / first_ms as f64 * 100.0)
+                }),
+            });
+        }
+    }
+    out
+}
+
+/// A plain line on the p99 waits: what the second variant does to each bucket.
+fn verdict(name: &str, differences: &[Difference]) -> String {
+    let parts: Vec<String> = differences
+        .iter()
+        .filter(|d| d.figure == "p99")
+        .map(|d| {
+            let bucket = d.bucket.as_str();
+            match d.change_percent {
+                Some(p) if p <= -1.0 => format!("lowers {bucket} p99 wait by {:.0} %", -p),
+                Some(p) if p >= 1.0 => format!("raises {bucket} p99 wait by {p:.0} %"),
+                Some(_) => format!("leaves {bucket} p99 wait unchanged (within 1 %)"),
+                None if d.second_ms == 0 => format!("leaves {bucket} p99 wait at 0"),
+                None => format!(
+                    "raises {bucket} p99 wait from 0 to {}",
+                    duration(d.second_ms)
+                ),
+            }
+        })
+        .collect();
+    format!("{name} {}", parts.join("; "))
+}
+
+fn change(percent: Option<f64>) -> String {
+    match percent {
+        Some(p) => format!("{p:+.1} %"),
+        None => "—".into(),
+    }
+}
+
+/// A duration as people read it: ms, s, min or h.
+pub fn duration(ms: u64) -> String {
+    match ms {
+        0..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.1} s", ms as f64 / 1_000.0),
+        60_000..3_600_000 => format!("{:.1} min", ms as f64 / 60_000.0),
+        _ => format!("{:.1} h", ms as f64 / 3_600_000.0),
+    }
+}

@@ -1,0 +1,240 @@
+use super::report::{SimReport, VariantReport, quantile};
+use super::*;
+use crate::trace::TraceTask;
+
+fn options(workers: &str) -> ReplayOptions {
+    ReplayOptions {
+        workers: workers.parse().unwrap(),
+        ..ReplayOptions::default()
+    }
+}
+
+fn defaults() -> Variant {
+    Variant::pair(Vec::new(), Vec::new()).unwrap().remove(0)
+}
+
+fn report(trace: &Trace, variant: &Variant, options: &ReplayOptions) -> VariantReport {
+    VariantReport::new(variant, trace, run(trace, variant, options).unwrap())
+}
+
+#[test]
+fn one_gpu_runs_a_trace_back_to_back_and_counts_every_wait() {
+    let trace = Trace::from_tasks((0..10).map(|_| TraceTask::at(0, 1_000))).unwrap();
+    let figures = report(&trace, &defaults(), &options("1x1"));
+    assert_eq!(figures.completed, 10);
+    assert!(figures.drained);
+    assert_eq!(figures.makespan_ms, 10_000);
+    assert_eq!(figures.utilisation, 1.0);
+    let normal = &figures.wait_ms[&Priority::Normal];
+    // Claimed one after another, each as the one before ends.
+    assert_eq!(normal.claimed, 10);
+    assert_eq!(normal.p50_ms, 4_000);
+    assert_eq!(normal.max_ms, 9_000);
+    assert_eq!(normal.mean_ms, 4_500.0);
+    assert_eq!(figures.wait_ms[&Priority::Urgent].claimed, 0);
+    assert_eq!(figures.attempts_per_task, 1.0);
+}
+
+#[test]
+fn scripted_failures_are_retried_or_end_the_task_as_the_retry_policy_says() {
+    let mut retried = TraceTask::at(0, 500);
+    retried.failures = vec![FailureClass::Transient, FailureClass::NodeBusy];
+    let mut permanent = TraceTask::at(0, 500);
+    permanent.failures = vec![FailureClass::Permanent];
+    let mut exhausted = TraceTask::at(0, 500);
+    exhausted.failures = vec![FailureClass::Transient; 3];
+    let trace = Trace::from_tasks([retried, permanent, exhausted]).unwrap();
+    let figures = report(&trace, &defaults(), &options("2x1"));
+    // The first completes at its third attempt; the others end dead (max_attempts 3).
+    assert_eq!(figures.completed, 1);
+    assert_eq!(figures.dead, 2, "{figures:?}");
+    assert_eq!(figures.retries, 4);
+    assert_eq!(figures.attempts_per_task, 2.333);
+    assert!(figures.drained);
+}
+
+#[test]
+fn a_task_no_worker_fits_is_reported_stranded_and_the_run_still_ends() {
+    let mut huge = TraceTask::at(0, 100);
+    huge.gpu_memory_mb = 80_000;
+    let trace = Trace::from_tasks([huge, TraceTask::at(10, 100)]).unwrap();
+    let figures = report(&trace, &defaults(), &options("1x2:40000"));
+    assert_eq!(figures.completed, 1);
+    assert_eq!(figures.stranded, 1);
+    assert_eq!(figures.unfinished, 1);
+    assert!(!figures.drained);
+}
+
+#[test]
+fn crashed_workers_lose_nothing_and_the_same_seed_gives_the_same_bytes() {
+    let tasks = crate::trace::generate::generate(crate::trace::generate::Shape::Burst, 1_500, 11);
+    let trace = Trace::from_tasks(tasks).unwrap();
+    let options = ReplayOptions {
+        fail_per_mille: 50,
+        mean_ms_between_crashes: Some(20_000),
+        restart_ms: 5_000,
+        ..options("6x2")
+    };
+    let variants = Variant::pair(
+        vec![
+            "aging=builtin:aging-threshold?low_to_normal_ms=5000"
+                .parse()
+                .unwrap(),
+        ],
+        vec![
+            "aging=builtin:aging-age-factor?max_age_ms=10000"
+                .parse()
+                .unwrap(),
+        ],
+    )
+    .unwrap();
+    let json = |seed: u64| {
+        let options = ReplayOptions {
+            seed,
+            ..options.clone()
+        };
+        let reports = variants
+            .iter()
+            .map(|v| report(&trace, v, &options))
+            .collect();
+        let report = SimReport::new(&trace, seed, "6x2".into(), reports);
+        (serde_json::to_string(&report).unwrap(), report)
+    };
+    let (first, report) = json(3);
+    for variant in &report.variants {
+        assert!(variant.crashes > 0, "{}", variant.name);
+        // Crashed attempts' leases expire and are run again: every task ends.
+        assert!(variant.drained, "{}", variant.name);
+        let ended = variant.completed + variant.dead + variant.other_ended;
+        assert_eq!(ended, 1_500, "{}", variant.name);
+        assert!(variant.retries > 0);
+        assert!(variant.promotions > 0, "{}", variant.name);
+    }
+    assert_ne!(
+        report.variants[0].wait_ms, report.variants[1].wait_ms,
+        "two aging policies, one answer"
+    );
+    assert!(report.verdict.as_deref().unwrap().starts_with("B "));
+    let (again, _) = json(3);
+    assert_eq!(first, again, "the same seed gives the same report");
+    let (other, _) = json(4);
+    assert_ne!(first, other, "the seed drives the draws");
+}
+
+#[test]
+fn a_component_of_another_kind_is_refused_as_an_upload_would_be() {
+    let trace = Trace::from_tasks([TraceTask::at(0, 100)]).unwrap();
+    let variant = Variant::pair(
+        vec!["aging=builtin:retry-backoff".parse().unwrap()],
+        Vec::new(),
+    )
+    .unwrap()
+    .remove(0);
+    let error = run(&trace, &variant, &options("1x1")).unwrap_err();
+    assert!(
+        matches!(error, ReplayError::Load { .. }),
+        "{error}: a retry component is no aging policy"
+    );
+    let missing = Variant::pair(
+        vec!["aging=/nonexistent/aging.wasm".parse().unwrap()],
+        Vec::new(),
+    )
+    .unwrap()
+    .remove(0);
+    assert!(matches!(
+        run(&trace, &missing, &options("1x1")),
+        Err(ReplayError::Component { .. })
+    ));
+}
+
+#[test]
+fn choices_and_worker_specs_are_parsed_or_refused_with_a_reason() {
+    let choice: PolicyChoice =
+        "aging=builtin:aging-threshold?low_to_normal_ms=60000&normal_to_urgent_ms=5"
+            .parse()
+            .unwrap();
+    assert_eq!(
+        choice.config.as_deref(),
+        Some("low_to_normal_ms=60000\nnormal_to_urgent_ms=5")
+    );
+    for bad in [
+        "aging",
+        "ageing=builtin:aging-threshold",
+        "aging=builtin:nope",
+        "aging=",
+        "aging=builtin:aging-threshold?oops",
+    ] {
+        assert!(bad.parse::<PolicyChoice>().is_err(), "{bad}");
+    }
+    // B keeps A's choices of the kinds it does not name.
+    let pair = Variant::pair(
+        vec![
+            "retry=builtin:retry-backoff?initial_delay_ms=10"
+                .parse()
+                .unwrap(),
+            "aging=builtin:aging-threshold".parse().unwrap(),
+        ],
+        vec!["aging=builtin:aging-deadline".parse().unwrap()],
+    )
+    .unwrap();
+    assert_eq!(
+        pair[1].label(),
+        "aging=builtin:aging-deadline retry=builtin:retry-backoff?initial_delay_ms=10"
+    );
+    let twice = Variant::pair(
+        vec![
+            "aging=builtin:aging-threshold".parse().unwrap(),
+            "aging=builtin:aging-deadline".parse().unwrap(),
+        ],
+        Vec::new(),
+    );
+    assert!(twice.is_err());
+
+    let spec: WorkerSpec = "16x4:80000, 2x1".parse().unwrap();
+    assert_eq!(
+        spec.groups,
+        [
+            WorkerGroup {
+                count: 16,
+                gpus: 4,
+                gpu_memory_mb: 80_000
+            },
+            WorkerGroup {
+                count: 2,
+                gpus: 1,
+                gpu_memory_mb: 40_000
+            }
+        ]
+    );
+    for bad in ["", "16", "0x4", "4x0", "4x65", "ax4", "4x4:big", "10001x1"] {
+        assert!(bad.parse::<WorkerSpec>().is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn quantiles_are_nearest_rank() {
+    let sorted = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+    assert_eq!(quantile(&sorted, 0.5), 5);
+    assert_eq!(quantile(&sorted, 0.99), 10);
+    assert_eq!(quantile(&sorted, 0.01), 1);
+    assert_eq!(quantile(&[], 0.5), 0);
+}
+
+#[test]
+fn the_plots_draw_a_line_per_bucket_and_variant() {
+    let trace = Trace::from_tasks((0..50).map(|n| {
+        let mut task = TraceTask::at(n * 10, 300);
+        task.priority = Priority::ALL[n as usize % 3];
+        task
+    }))
+    .unwrap();
+    let figures = report(&trace, &defaults(), &options("1x2"));
+    let report = SimReport::new(&trace, 1, "1x2".into(), vec![figures]);
+    let cdf = svg::wait_cdf(&report);
+    assert!(cdf.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert_eq!(cdf.matches("<polyline").count(), 3);
+    assert!(cdf.contains("A low"));
+    let depth = svg::queue_depth(&report);
+    assert_eq!(depth.matches("<polyline").count(), 3);
+    assert!(depth.trim_end().ends_with("</svg>"));
+}
