@@ -17,6 +17,7 @@ pub mod replay;
 pub mod scheduler;
 pub mod server;
 pub mod sim;
+pub mod stats;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

@@ -4,6 +4,7 @@
 
 use super::{RunOutcome, Trace, Variant};
 use crate::model::{Priority, State};
+use crate::stats::{CONFIDENCE_PERCENT, change_interval_percent, quantile};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -40,15 +41,6 @@ impl WaitFigures {
                 .collect(),
         }
     }
-}
-
-/// The nearest-rank `q` quantile of sorted `values`; 0 for none.
-pub fn quantile(sorted: &[u64], q: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn round3(value: f64) -> f64 {
@@ -94,6 +86,9 @@ pub struct VariantReport {
     pub wait_ms: BTreeMap<Priority, WaitFigures>,
     pub policy_faults: BTreeMap<String, PolicyFaults>,
     pub queue_depth: QueueDepth,
+    /// Each bucket's waits, sorted, for the intervals of the comparison; not in the report.
+    #[serde(skip)]
+    pub sorted_waits_ms: [Vec<u64>; 3],
 }
 
 impl VariantReport {
@@ -148,6 +143,7 @@ impl VariantReport {
                 normal,
                 low,
             },
+            sorted_waits_ms: outcome.tally.waits_ms,
         }
     }
 
@@ -165,6 +161,9 @@ pub struct Difference {
     pub second_ms: u64,
     /// (second − first) / first, in percent; none when the first is 0.
     pub change_percent: Option<f64>,
+    /// Its 95 % percentile-bootstrap interval (p50 and p99 only; none where a change from 0
+    /// is possible).
+    pub interval_percent: Option<[f64; 2]>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -186,7 +185,7 @@ impl SimReport {
         variants: Vec<VariantReport>,
     ) -> SimReport {
         let differences = match variants.as_slice() {
-            [first, second, ..] => differences(first, second),
+            [first, second, ..] => differences(first, second, seed),
             _ => Vec::new(),
         };
         let verdict = (variants.len() > 1).then(|| verdict(&variants[1].name, &differences));
@@ -277,12 +276,17 @@ impl SimReport {
             for difference in &self.differences {
                 let _ = writeln!(
                     out,
-                    "  {:<8} {:<4} {:>10} → {:>10}  {}",
+                    "  {:<8} {:<4} {:>10} → {:>10}  {}{}",
                     difference.bucket.as_str(),
                     difference.figure,
                     duration(difference.first_ms),
                     duration(difference.second_ms),
-                    change(difference.change_percent)
+                    change(difference.change_percent),
+                    difference
+                        .interval_percent
+                        .map_or(String::new(), |[low, high]| format!(
+                            "  [{low:+.1} %, {high:+.1} %]"
+                        ))
                 );
             }
         }
@@ -293,18 +297,26 @@ impl SimReport {
     }
 }
 
-fn differences(first: &VariantReport, second: &VariantReport) -> Vec<Difference> {
+fn differences(first: &VariantReport, second: &VariantReport, seed: u64) -> Vec<Difference> {
     let mut out = Vec::new();
     for bucket in Priority::ALL {
         let (Some(a), Some(b)) = (first.wait(bucket), second.wait(bucket)) else {
             continue;
         };
-        for (figure, first_ms, second_ms) in [
-            ("p50", a.p50_ms, b.p50_ms),
-            ("p99", a.p99_ms, b.p99_ms),
-            ("max", a.max_ms, b.max_ms),
+        // Each figure its own stream of draws, so adding one changes none of the others.
+        let interval = |q: f64, stream: u64| {
+            let seed =
+                seed ^ (bucket.index() as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ stream;
+            let [a, b] = [first, second].map(|v| v.sorted_waits_ms[bucket.index()].as_slice());
+            change_interval_percent(a, b, q, seed)
+        };
+        for (figure, first_ms, second_ms, interval_percent) in [
+            ("p50", a.p50_ms, b.p50_ms, interval(0.50, 50)),
+            ("p99", a.p99_ms, b.p99_ms, interval(0.99, 99)),
+            ("max", a.max_ms, b.max_ms, None),
         ] {
             out.push(Difference {
+                interval_percent,
                 bucket,
                 figure,
                 first_ms,
@@ -318,17 +330,29 @@ fn differences(first: &VariantReport, second: &VariantReport) -> Vec<Difference>
     out
 }
 
-/// A plain line on the p99 waits: what the second variant does to each bucket.
+/// A plain line on the p99 waits: what the second variant does to each bucket, with the
+/// interval. A change is called one when its interval leaves out 0 and it is at least 1 %;
+/// a smaller one, however sure, is called unchanged.
 fn verdict(name: &str, differences: &[Difference]) -> String {
     let parts: Vec<String> = differences
         .iter()
         .filter(|d| d.figure == "p99")
         .map(|d| {
             let bucket = d.bucket.as_str();
+            let interval = d.interval_percent.map_or(String::new(), |[low, high]| {
+                format!(" [{} %, {} %]", signed_percent(low), signed_percent(high))
+            });
+            let sure = d
+                .interval_percent
+                .is_none_or(|[low, high]| low > 0.0 || high < 0.0);
             match d.change_percent {
-                Some(p) if p <= -1.0 => format!("lowers {bucket} p99 wait by {:.0} %", -p),
-                Some(p) if p >= 1.0 => format!("raises {bucket} p99 wait by {p:.0} %"),
-                Some(_) => format!("leaves {bucket} p99 wait unchanged (within 1 %)"),
+                Some(p) if sure && p <= -1.0 => {
+                    format!("lowers {bucket} p99 wait by {} %{interval}", percent(-p))
+                }
+                Some(p) if sure && p >= 1.0 => {
+                    format!("raises {bucket} p99 wait by {} %{interval}", percent(p))
+                }
+                Some(_) => format!("leaves {bucket} p99 wait unchanged{interval}"),
                 None if d.second_ms == 0 => format!("leaves {bucket} p99 wait at 0"),
                 None => format!(
                     "raises {bucket} p99 wait from 0 to {}",
@@ -337,7 +361,24 @@ fn verdict(name: &str, differences: &[Difference]) -> String {
             }
         })
         .collect();
-    format!("{name} {}", parts.join("; "))
+    format!(
+        "{name} {} ({CONFIDENCE_PERCENT:.0} % bootstrap intervals)",
+        parts.join("; ")
+    )
+}
+
+/// A percentage as people read it: whole from 10 up, one decimal below.
+fn percent(value: f64) -> String {
+    if value.abs() >= 10.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.1}")
+    }
+}
+
+fn signed_percent(value: f64) -> String {
+    let sign = if value >= 0.0 { "+" } else { "−" };
+    format!("{sign}{}", percent(value.abs()))
 }
 
 fn change(percent: Option<f64>) -> String {

@@ -1,4 +1,4 @@
-use super::report::{SimReport, VariantReport, quantile};
+use super::report::{SimReport, VariantReport};
 use super::*;
 use crate::trace::TraceTask;
 
@@ -115,6 +115,23 @@ fn crashed_workers_lose_nothing_and_the_same_seed_gives_the_same_bytes() {
         "two aging policies, one answer"
     );
     assert!(report.verdict.as_deref().unwrap().starts_with("B "));
+    // Each p50 and p99 change has its interval, and the interval holds the change.
+    for difference in report.differences.iter().filter(|d| d.figure != "max") {
+        let (Some(change), Some([low, high])) =
+            (difference.change_percent, difference.interval_percent)
+        else {
+            continue;
+        };
+        assert!(low <= change && change <= high, "{difference:?}");
+    }
+    assert!(
+        report
+            .differences
+            .iter()
+            .any(|d| d.interval_percent.is_some()),
+        "{:?}",
+        report.differences
+    );
     let (again, _) = json(3);
     assert_eq!(first, again, "the same seed gives the same report");
     let (other, _) = json(4);
@@ -209,15 +226,6 @@ fn choices_and_worker_specs_are_parsed_or_refused_with_a_reason() {
     for bad in ["", "16", "0x4", "4x0", "4x65", "ax4", "4x4:big", "10001x1"] {
         assert!(bad.parse::<WorkerSpec>().is_err(), "{bad}");
     }
-}
-
-#[test]
-fn quantiles_are_nearest_rank() {
-    let sorted = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
-    assert_eq!(quantile(&sorted, 0.5), 5);
-    assert_eq!(quantile(&sorted, 0.99), 10);
-    assert_eq!(quantile(&sorted, 0.01), 1);
-    assert_eq!(quantile(&[], 0.5), 0);
 }
 
 #[test]
