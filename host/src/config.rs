@@ -65,6 +65,8 @@ pub struct ServeConfig {
     pub worker_stale_ms: u64,
     /// How often the aging policy looks at the waiting tasks.
     pub aging_interval_ms: u64,
+    /// How often the status page's 15-minute history takes a sample.
+    pub history_interval_ms: u64,
     /// On SIGTERM, how long running work may still report before the server stops.
     pub drain_timeout_ms: u64,
     /// The longest a claim may wait for work.
@@ -122,6 +124,7 @@ impl Default for ServeConfig {
             lease_ms: 30_000,
             worker_stale_ms: 30_000,
             aging_interval_ms: 1_000,
+            history_interval_ms: crate::telemetry::DEFAULT_HISTORY_INTERVAL_MS,
             drain_timeout_ms: 90_000,
             max_claim_wait_ms: 30_000,
             split_kinds: vec!["vector.search".to_owned()],
@@ -167,6 +170,7 @@ pub struct FileConfig {
     pub lease_ms: Option<u64>,
     pub worker_stale_ms: Option<u64>,
     pub aging_interval_ms: Option<u64>,
+    pub history_interval_ms: Option<u64>,
     pub drain_timeout_ms: Option<u64>,
     pub max_claim_wait_ms: Option<u64>,
     pub split_kinds: Option<Vec<String>>,
@@ -254,6 +258,9 @@ impl ServeConfig {
                 .unwrap_or(defaults.lease_ms),
             worker_stale_ms: file.worker_stale_ms.unwrap_or(defaults.worker_stale_ms),
             aging_interval_ms: file.aging_interval_ms.unwrap_or(defaults.aging_interval_ms),
+            history_interval_ms: file
+                .history_interval_ms
+                .unwrap_or(defaults.history_interval_ms),
             drain_timeout_ms: overrides
                 .drain_timeout_ms
                 .or(file.drain_timeout_ms)
@@ -417,6 +424,10 @@ impl ServeConfig {
         }
         if !(10..=3_600_000).contains(&self.aging_interval_ms) {
             return Err(invalid("aging_interval_ms", "must be 10 ms to 1 h"));
+        }
+        let history = crate::telemetry::MIN_HISTORY_INTERVAL_MS..=60_000;
+        if !history.contains(&self.history_interval_ms) {
+            return Err(invalid("history_interval_ms", "must be 100 ms to 1 min"));
         }
         if self.drain_timeout_ms > DAY_MS {
             return Err(invalid("drain_timeout_ms", "must be at most 24 h"));

@@ -65,6 +65,7 @@ pub struct Server {
     drain_timeout: Duration,
     tls: Option<Arc<crate::tls::Tls>>,
     insecure_no_auth: bool,
+    history_interval: Duration,
 }
 
 /// How a server admits requests, for its first line.
@@ -181,6 +182,7 @@ impl Server {
             drain_timeout: Duration::from_millis(config.drain_timeout_ms),
             tls,
             insecure_no_auth: config.insecure_no_auth,
+            history_interval: Duration::from_millis(config.history_interval_ms),
         })
     }
 
@@ -256,6 +258,11 @@ impl Server {
                 "drain over; finishing requests in flight"
             );
         };
+        let sampling = tokio::spawn(sample_history(
+            self.state.scheduler.clone(),
+            self.state.metrics.tasks.history.clone(),
+            self.history_interval,
+        ));
         let served = match &self.tls {
             Some(tls) => {
                 let reloading = tokio::spawn(reload_on_sighup(tls.clone()));
@@ -271,6 +278,7 @@ impl Server {
                     .await
             }
         };
+        sampling.abort();
         self.state.scheduler.shutdown().await;
         served?;
         if let Some(reason) = self.state.scheduler.storage_failed().borrow().clone() {
@@ -278,6 +286,25 @@ impl Server {
         }
         tracing::info!("stopped; everything acknowledged is on disk");
         Ok(())
+    }
+}
+
+/// Takes one sample of the status page's history every `interval`, the first at once.
+async fn sample_history(
+    scheduler: Arc<crate::scheduler::Scheduler>,
+    history: Arc<crate::telemetry::History>,
+    interval: Duration,
+) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let interval_ms = interval.as_millis() as u64;
+    loop {
+        ticks.tick().await;
+        let snapshot = scheduler.snapshot();
+        let queued = crate::model::Priority::ALL
+            .map(|bucket| snapshot.queued_by_bucket.get(&bucket).copied().unwrap_or(0) as u64);
+        let now_ms = crate::scheduler::Clock::now_ms(&crate::scheduler::SystemClock);
+        history.sample(now_ms, interval_ms, queued);
     }
 }
 

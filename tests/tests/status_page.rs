@@ -161,13 +161,103 @@ fn no_browser() -> bool {
     true
 }
 
+/// A server sampling its history every 200 ms, so a test sees several samples at once.
+fn fast_history_server(dir: &Path) -> Server {
+    let config = dir.join("sluice.toml");
+    std::fs::write(&config, "history_interval_ms = 200\n").unwrap();
+    Server::start_with(&dir.join("data"), &["--config", config.to_str().unwrap()])
+}
+
+/// The bucket figures of every sample in `/v1/stats/history` so far.
+async fn history(client: &reqwest::Client, server: &Server) -> Vec<serde_json::Value> {
+    let answer = get_json(client, &server.endpoint("/v1/stats/history")).await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    assert_eq!(answer.body["interval_ms"], 200);
+    assert_eq!(answer.body["span_ms"], 900_000);
+    answer.body["samples"].as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_samples_queue_depth_and_each_intervals_waits_per_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = fast_history_server(dir.path());
+    let client = http();
+    for priority in ["low", "low", "urgent"] {
+        submit(&client, &server, priority).await;
+    }
+    // Samples come in until one shows the queues as they are now.
+    let queued = |sample: &serde_json::Value| {
+        ["urgent", "normal", "low"].map(|bucket| sample[bucket]["queued"].as_u64().unwrap())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !history(&client, &server)
+        .await
+        .iter()
+        .any(|sample| queued(sample) == [1, 0, 2])
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no sample shows 1 urgent and 2 low queued"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Claim all three: one interval or two count three first claims, with their waits.
+    let heartbeat = json!({"gpus": [{"model": "A100", "memory_mb": 40000}], "max_concurrency": 4});
+    let url = server.endpoint("/v1/workers/w/heartbeat");
+    assert_eq!(post_json(&client, &url, &heartbeat).await.status, 200);
+    let claim = post_json(
+        &client,
+        &server.endpoint("/v1/workers/w/claim"),
+        &json!({"max": 3, "wait_ms": 5000}),
+    )
+    .await;
+    assert_eq!(claim.body["leases"].as_array().unwrap().len(), 3);
+    let claimed = |samples: &[serde_json::Value], bucket: &str| -> u64 {
+        samples
+            .iter()
+            .map(|s| s[bucket]["claimed"].as_u64().unwrap())
+            .sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let samples = loop {
+        let samples = history(&client, &server).await;
+        if claimed(&samples, "low") == 2 && queued(samples.last().unwrap()) == [0, 0, 0] {
+            break samples;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the claims are not sampled: {samples:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(claimed(&samples, "urgent"), 1);
+    assert_eq!(claimed(&samples, "normal"), 0);
+    for sample in &samples {
+        let low = &sample["low"];
+        // An interval without claims has no wait figures; one with claims has both.
+        assert_eq!(
+            low["claimed"].as_u64().unwrap() > 0,
+            low["wait_ms_p99"].is_u64(),
+            "{sample}"
+        );
+        if let (Some(p50), Some(p99)) = (low["wait_ms_p50"].as_u64(), low["wait_ms_p99"].as_u64()) {
+            assert!(p50 <= p99, "{sample}");
+        }
+    }
+    let times: Vec<u64> = samples
+        .iter()
+        .map(|s| s["at_ms"].as_u64().unwrap())
+        .collect();
+    assert!(times.is_sorted() && times.len() >= 2, "{times:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_shows_queues_live_events_and_a_task_timeline_in_chromium() {
     if no_browser() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("data"));
+    let server = fast_history_server(dir.path());
     let client = http();
 
     // One task run to completion, for the lookup; then 3 urgent, 2 normal and 4 low waiting.
@@ -234,6 +324,21 @@ async fn the_status_page_shows_queues_live_events_and_a_task_timeline_in_chromiu
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     wait_for_text(&page, "#stream-state", "live").await;
+
+    // The charts: a line of queued tasks per bucket, and the claimed task's wait.
+    for css in [
+        "#chart-queued polyline[data-bucket='urgent']",
+        "#chart-queued polyline[data-bucket='normal']",
+        "#chart-queued polyline[data-bucket='low']",
+        "#chart-wait [data-bucket='normal']",
+    ] {
+        page.wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|error| panic!("{css} is not drawn: {error}"));
+    }
+    wait_for_text(&page, "#history-interval", "200 ms").await;
 
     // Live: a task submitted now shows in the stream and in the queue numbers.
     let late = submit(&client, &server, "urgent").await;

@@ -130,20 +130,25 @@ function setHealth(label, className) {
 
 async function poll() {
   try {
-    const [stats, workers, policies, ready] = await Promise.all([
+    const [stats, workers, policies, ready, history] = await Promise.all([
       getJson("/v1/stats"),
       getJson("/v1/workers"),
       unlessForbidden(getJson("/v1/policies")),
       fetch("/readyz", { headers: authHeaders() }).then((r) => r.ok),
+      getJson("/v1/stats/history"),
     ]);
     renderStats(stats);
+    renderHistory(history);
     renderWorkers(workers.workers);
     renderPolicies(policies && policies.policies);
     setHealth(ready ? "ready" : "draining", ready ? "ok" : "warn");
     text("updated", new Date().toLocaleTimeString());
     return stats;
   } catch (error) {
-    if (error.status !== 401) setHealth("unreachable", "bad");
+    if (error.status !== 401) {
+      setHealth("unreachable", "bad");
+      console.error("status poll failed:", error);
+    }
     return null;
   }
 }

@@ -41,7 +41,8 @@ pub fn need(method: &Method, route: Option<&str>) -> Need {
         "/healthz" => return Need::Public,
         "/" | "/assets/{file}" | "/v1/openapi.json" if get => return Need::Public,
         "/readyz" => ANY,
-        "/metrics" | "/v1/stats" | "/v1/events" | "/v1/workers" | "/v1/worker-events" => READERS,
+        "/metrics" | "/v1/stats" | "/v1/stats/history" | "/v1/events" | "/v1/workers"
+        | "/v1/worker-events" => READERS,
         "/v1/tasks" if get => TASK_READERS,
         "/v1/tasks" | "/v1/tasks:batch" | "/v1/tasks/{id}/cancel" => SUBMITTERS,
         "/v1/tasks/{id}" | "/v1/tasks/{id}/events" => TASK_READERS,

@@ -262,6 +262,7 @@ fn documented_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(readyz))
         .routes(routes!(metrics::scrape))
         .routes(routes!(stats))
+        .routes(routes!(stats_history))
         .routes(routes!(events::follow))
         .routes(routes!(tasks::submit, tasks::list))
         .routes(routes!(tasks::submit_batch))
@@ -331,6 +332,15 @@ async fn stats(axum::extract::State(state): axum::extract::State<AppState>) -> R
         fields.insert("now_ms".into(), now_ms.into());
     }
     axum::Json(body).into_response()
+}
+
+/// The last 15 minutes, one sample an interval (`history_interval_ms`), oldest first: queued
+/// tasks when each sample was taken, and the first claims in its interval with their waits'
+/// p50 and p99, per bucket. What the status page's charts draw.
+#[utoipa::path(get, path = "/v1/stats/history", tag = "operations",
+    responses((status = 200, description = "Samples of the last 15 minutes", body = crate::telemetry::HistoryView)))]
+async fn stats_history(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    axum::Json(state.metrics.tasks.history.view()).into_response()
 }
 
 async fn route_not_found(uri: Uri) -> ApiError {

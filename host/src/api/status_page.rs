@@ -1,5 +1,6 @@
 //! The status page at `/`: static HTML, CSS and JS compiled into the binary, reading the same
-//! JSON API as the CLI (`/v1/stats`, `/v1/workers`, `/v1/policies`, `/v1/events`, tasks).
+//! JSON API as the CLI (`/v1/stats`, its history, `/v1/workers`, `/v1/policies`, `/v1/events`,
+//! tasks).
 
 use super::ApiError;
 use axum::extract::Path;
@@ -8,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 
 const INDEX_HTML: &str = include_str!("../../assets/status/index.html");
 const APP_JS: &str = include_str!("../../assets/status/app.js");
+const CHARTS_JS: &str = include_str!("../../assets/status/charts.js");
 const APP_CSS: &str = include_str!("../../assets/status/app.css");
 
 /// Nothing but this origin: the page loads no third-party code and sends data nowhere else.
@@ -20,6 +22,7 @@ pub async fn index() -> Response {
 pub async fn asset(Path(file): Path<String>) -> Result<Response, ApiError> {
     match file.as_str() {
         "app.js" => Ok(page(APP_JS, "text/javascript; charset=utf-8")),
+        "charts.js" => Ok(page(CHARTS_JS, "text/javascript; charset=utf-8")),
         "app.css" => Ok(page(APP_CSS, "text/css; charset=utf-8")),
         _ => Err(ApiError::RouteNotFound(format!(
             "/assets/{}",

@@ -5,6 +5,7 @@
 //! Every server owns its own registry (no process-wide recorder), so several servers in one
 //! process — tests, embedders — keep their figures apart.
 
+mod history;
 mod http;
 mod labels;
 mod pipeline;
@@ -12,6 +13,10 @@ mod state;
 mod tasks;
 
 pub use crate::policy::PolicyMetrics;
+pub use history::{
+    BucketSample, DEFAULT_HISTORY_INTERVAL_MS, History, HistoryView, MIN_HISTORY_INTERVAL_MS,
+    Sample,
+};
 pub use http::{HttpMetrics, track};
 pub use labels::{LabelBudget, OTHER, failure_reason};
 pub use pipeline::PipelineMetrics;

@@ -73,6 +73,8 @@ pub struct TaskMetrics {
     retries: Counter,
     dead: Counter,
     refused_reports: Family<RefusedLabels, Counter>,
+    /// The status page's last 15 minutes: waits go in here too.
+    pub history: std::sync::Arc<super::History>,
     devices: LabelBudget,
     kinds: LabelBudget,
     classes: LabelBudget,
@@ -90,6 +92,7 @@ impl Default for TaskMetrics {
             retries: Counter::default(),
             dead: Counter::default(),
             refused_reports: Family::default(),
+            history: std::sync::Arc::default(),
             devices: LabelBudget::new(500),
             kinds: LabelBudget::new(50),
             classes: LabelBudget::new(16),
@@ -192,6 +195,7 @@ impl TaskMetrics {
                         bucket: task.bucket.as_str(),
                     })
                     .observe(seconds(waited_ms));
+                self.history.record_wait(task.bucket, waited_ms);
             }
             (Some(State::Running | State::Claimed), State::Completed) => {
                 if let Some(lease) = &task.lease {
