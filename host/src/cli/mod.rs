@@ -119,8 +119,49 @@ pub fn main() -> ExitCode {
         // Its reader has read all it wanted; as for any Unix filter, that ends the command.
         Err(error) if output::is_closed_stdout(&error) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", error_chain(&error));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes, each said once: many layers' messages already end with their
+/// cause's text, which `{:#}` would repeat.
+fn error_chain(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+    use anyhow::Context;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("line 3: {0}")]
+    struct Inner(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_already_in_its_layers_message_is_said_once() {
+        let io = std::io::Error::other("disk on fire");
+        let error = Err::<(), _>(Inner(io))
+            .context("cannot read day.jsonl")
+            .unwrap_err();
+        assert_eq!(
+            error_chain(&error),
+            "cannot read day.jsonl: line 3: disk on fire"
+        );
+        let plain = anyhow::anyhow!("no such worker");
+        assert_eq!(error_chain(&plain), "no such worker");
     }
 }
