@@ -367,9 +367,9 @@ fn verdict(name: &str, differences: &[Difference]) -> String {
     )
 }
 
-/// A percentage as people read it: whole from 10 up, one decimal below.
+/// A percentage as people read it: whole from 100 up, one decimal below.
 fn percent(value: f64) -> String {
-    if value.abs() >= 10.0 {
+    if value.abs() >= 100.0 {
         format!("{value:.0}")
     } else {
         format!("{value:.1}")
