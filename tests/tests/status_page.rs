@@ -9,6 +9,7 @@
 use fantoccini::{Client, ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
 use sluice_tests::*;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,7 +17,8 @@ use std::time::{Duration, Instant};
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
-/// chromedriver on a port of its own, killed with the test.
+/// chromedriver on a port of its own, killed with the test: its whole process group, so the
+/// Chromium it started goes too, even when a failed assertion skipped closing the session.
 struct Driver {
     child: Child,
     url: String,
@@ -24,7 +26,10 @@ struct Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // The group's id is chromedriver's pid (`process_group(0)`).
+        let group = -(self.child.id() as libc::pid_t);
+        // SAFETY: kill(2) with a negative pid signals that process group; no memory involved.
+        unsafe { libc::kill(group, libc::SIGKILL) };
         let _ = self.child.wait();
     }
 }
@@ -35,6 +40,7 @@ async fn start_driver() -> Driver {
         .expect("a free port")
         .port();
     let child = Command::new(CHROMEDRIVER)
+        .process_group(0)
         .arg(format!("--port={port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
