@@ -5,7 +5,9 @@
 
 use anyhow::Context;
 use sluice::replay::report::{SimReport, VariantReport};
-use sluice::replay::{self, PolicyChoice, ReplayOptions, Trace, Variant, WorkerSpec, svg};
+use sluice::replay::{
+    self, PolicyChoice, ReplayOptions, ServiceModel, Trace, Variant, WorkerSpec, svg,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -43,6 +45,11 @@ pub struct SimArgs {
     /// Each task's max_attempts.
     #[arg(long, default_value_t = 3)]
     max_attempts: u32,
+    /// Service times: `trace` (each task's `service_ms`), or drawn once per task from the
+    /// seed: `fixed:MS`, `exp:MEAN_MS`, `lognormal:MEDIAN_MS:SIGMA`. Every variant runs a task
+    /// for the same time.
+    #[arg(long, default_value = "trace")]
+    service: String,
     /// Refuse a trace of more tasks (a million take about 60 MB per run).
     #[arg(long, default_value_t = 5_000_000)]
     max_tasks: usize,
@@ -59,6 +66,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         );
     }
     let workers: WorkerSpec = args.workers.parse()?;
+    let service: ServiceModel = args.service.parse()?;
     let parse = |texts: &[String]| -> anyhow::Result<Vec<PolicyChoice>> {
         texts.iter().map(|t| Ok(t.parse()?)).collect()
     };
@@ -66,8 +74,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let file = std::fs::File::open(&args.trace)
         .with_context(|| format!("cannot open {}", args.trace.display()))?;
     let started = Instant::now();
-    let trace = Trace::read(std::io::BufReader::new(file), args.max_tasks)
+    let mut trace = Trace::read(std::io::BufReader::new(file), args.max_tasks)
         .with_context(|| format!("cannot read {}", args.trace.display()))?;
+    trace.draw_service(service, args.seed)?;
     let options = ReplayOptions {
         workers,
         seed: args.seed,

@@ -5,10 +5,12 @@
 //! from one thing due to the next; nothing sleeps, and the seed fixes every draw.
 
 pub mod report;
+mod service;
 pub mod svg;
 mod tally;
 pub mod variant;
 
+pub use service::ServiceModel;
 pub use tally::{ReplayStore, Tally};
 pub use variant::{PolicyChoice, Variant};
 
@@ -39,6 +41,8 @@ pub enum ReplayError {
     Load { choice: String, detail: String },
     #[error("--workers `{spec}`: {detail}")]
     Workers { spec: String, detail: String },
+    #[error("--service `{spec}`: {detail}")]
+    Service { spec: String, detail: String },
     #[error("the trace: {0}")]
     Trace(#[from] TraceError),
     #[error("the trace has more than {0} tasks")]
@@ -200,6 +204,7 @@ struct Arrival {
 pub struct Trace {
     arrivals: Vec<Arrival>,
     names: Vec<String>,
+    service: ServiceModel,
 }
 
 impl Trace {

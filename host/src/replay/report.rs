@@ -172,6 +172,8 @@ pub struct SimReport {
     pub trace_span_ms: u64,
     pub seed: u64,
     pub workers: String,
+    /// `trace`, or the distribution the service times were drawn from.
+    pub service: String,
     pub variants: Vec<VariantReport>,
     pub differences: Vec<Difference>,
     pub verdict: Option<String>,
@@ -194,6 +196,7 @@ impl SimReport {
             trace_span_ms: trace.span_ms(),
             seed,
             workers,
+            service: trace.service().to_string(),
             variants,
             differences,
             verdict,
@@ -205,11 +208,15 @@ impl SimReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "trace: {} tasks over {}; workers {}; seed {}",
+            "trace: {} tasks over {}; workers {}; seed {}{}",
             self.trace_tasks,
             duration(self.trace_span_ms),
             self.workers,
-            self.seed
+            self.seed,
+            match self.service.as_str() {
+                "trace" => String::new(),
+                drawn => format!("; service times drawn from {drawn}"),
+            }
         );
         for variant in &self.variants {
             let _ = writeln!(out, "\nvariant {}: {}", variant.name, variant.policies);

@@ -246,3 +246,75 @@ fn the_plots_draw_a_line_per_bucket_and_variant() {
     assert_eq!(depth.matches("<polyline").count(), 3);
     assert!(depth.trim_end().ends_with("</svg>"));
 }
+
+#[test]
+fn service_models_are_parsed_or_refused_with_a_reason() {
+    for (text, model) in [
+        ("trace", ServiceModel::Trace),
+        ("fixed:250", ServiceModel::Fixed { ms: 250 }),
+        ("exp:1000", ServiceModel::Exponential { mean_ms: 1_000 }),
+        (
+            "lognormal:800:0.5",
+            ServiceModel::LogNormal {
+                median_ms: 800,
+                sigma: 0.5,
+            },
+        ),
+    ] {
+        assert_eq!(text.parse::<ServiceModel>().unwrap(), model, "{text}");
+        assert_eq!(model.to_string(), text);
+    }
+    for bad in [
+        "",
+        "fixed",
+        "fixed:0",
+        "fixed:-3",
+        "exp:1.5",
+        "exp:86400001",
+        "lognormal:800",
+        "lognormal:800:0",
+        "lognormal:800:9",
+        "lognormal:800:nan",
+        "fixed:5:6",
+        "uniform:5",
+    ] {
+        let error = bad.parse::<ServiceModel>().unwrap_err();
+        assert!(
+            matches!(error, ReplayError::Service { .. }),
+            "{bad}: {error}"
+        );
+    }
+}
+
+#[test]
+fn drawn_service_times_follow_their_model_from_the_seed_and_every_variant_shares_them() {
+    let tasks = || (0..20_000).map(|n| TraceTask::at(n, 5));
+    let drawn = |model: &str, seed: u64| -> Vec<u64> {
+        let mut trace = Trace::from_tasks(tasks()).unwrap();
+        trace.draw_service(model.parse().unwrap(), seed).unwrap();
+        trace.service_ms().collect()
+    };
+    assert!(drawn("fixed:250", 1).iter().all(|&ms| ms == 250));
+    assert!(drawn("trace", 1).iter().all(|&ms| ms == 5));
+    let exp = drawn("exp:1000", 1);
+    let mean = exp.iter().sum::<u64>() as f64 / exp.len() as f64;
+    assert!((mean - 1_000.0).abs() < 30.0, "mean {mean}");
+    assert!(exp.iter().all(|&ms| ms >= 1));
+    let mut lognormal = drawn("lognormal:800:0.5", 1);
+    lognormal.sort_unstable();
+    let median = lognormal[lognormal.len() / 2];
+    assert!(median.abs_diff(800) < 25, "median {median}");
+    assert_eq!(drawn("exp:1000", 1), exp, "one seed, one set of draws");
+    assert_ne!(drawn("exp:1000", 2), exp, "the seed drives the draws");
+
+    // A replay runs the drawn times: ten 5 s tasks drawn at 100 ms run back to back on one GPU.
+    let mut trace = Trace::from_tasks((0..10).map(|_| TraceTask::at(0, 5_000))).unwrap();
+    trace
+        .draw_service(ServiceModel::Fixed { ms: 100 }, 1)
+        .unwrap();
+    let figures = report(&trace, &defaults(), &options("1x1"));
+    assert_eq!(figures.makespan_ms, 1_000);
+    let json =
+        serde_json::to_value(SimReport::new(&trace, 1, "1x1".into(), vec![figures])).unwrap();
+    assert_eq!(json["service"], "fixed:100");
+}
