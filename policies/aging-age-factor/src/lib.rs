@@ -84,16 +84,8 @@ impl Settings {
         } else {
             Bucket::Low
         };
-        (rank(reached) < rank(task.bucket)).then_some(reached)
-    }
-}
-
-/// Urgent first.
-fn rank(bucket: Bucket) -> u8 {
-    match bucket {
-        Bucket::Urgent => 0,
-        Bucket::Normal => 1,
-        Bucket::Low => 2,
+        // Buckets order urgent first.
+        (reached < task.bucket).then_some(reached)
     }
 }
 
