@@ -231,6 +231,33 @@ impl Client {
         }
     }
 
+    /// Starts an experiment (`POST /v1/experiments`).
+    pub async fn start_experiment(&self, spec: &Value) -> Result<Value, ClientError> {
+        self.post_json("/v1/experiments", spec).await
+    }
+
+    /// Every experiment, or one's report.
+    pub async fn experiments(&self, id: Option<u32>) -> Result<Value, ClientError> {
+        match id {
+            Some(id) => self.get_json(&format!("/v1/experiments/{id}"), &[]).await,
+            None => self.get_json("/v1/experiments", &[]).await,
+        }
+    }
+
+    pub async fn stop_experiment(&self, id: u32) -> Result<Value, ClientError> {
+        self.post_json(
+            &format!("/v1/experiments/{id}/stop"),
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
+    pub async fn promote_experiment(&self, id: u32, variant: &str) -> Result<Value, ClientError> {
+        let body = serde_json::json!({ "variant": variant });
+        self.post_json(&format!("/v1/experiments/{id}/promote"), &body)
+            .await
+    }
+
     /// Registers or refreshes worker `id`.
     pub async fn worker_heartbeat(
         &self,

@@ -3,6 +3,7 @@
 
 mod batch;
 mod events;
+mod experiments;
 mod extract;
 pub mod guard;
 mod metrics;
@@ -288,6 +289,10 @@ fn documented_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(tokens::issue, tokens::list))
         .routes(routes!(tokens::revoke))
         .routes(routes!(tokens::audit))
+        .routes(routes!(experiments::start, experiments::list))
+        .routes(routes!(experiments::report))
+        .routes(routes!(experiments::stop))
+        .routes(routes!(experiments::promote))
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]

@@ -25,6 +25,7 @@ pub const BEARER: &str = "bearer";
         (name = "workers", description = "Heartbeats, claims and reports of workers"),
         (name = "policies", description = "Policy components: upload, activate, roll back"),
         (name = "access", description = "Tokens and the audit log"),
+        (name = "experiments", description = "Live A/B and shadow experiments of policy versions, and their reports"),
         (name = "operations", description = "Probes, counters, metrics and the event log"),
     )
 )]

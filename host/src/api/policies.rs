@@ -22,7 +22,7 @@ use std::sync::Arc;
 const COMPONENT_MEDIA_TYPES: [&str; 2] = ["application/wasm", "application/octet-stream"];
 
 /// Runs registry work (compiling, instantiating, syncing) off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     registry: &Arc<PolicyRegistry>,
     work: impl FnOnce(&PolicyRegistry, u64) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {

@@ -87,6 +87,8 @@ pub enum ApiError {
     #[error("{0}")]
     TokenNotFound(String),
     #[error("{0}")]
+    ExperimentNotFound(String),
+    #[error("{0}")]
     InvalidToken(String),
     #[error("{0}")]
     TokenConflict(String),
@@ -257,6 +259,11 @@ impl ApiError {
             Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
             Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
             TokenNotFound(_) => (StatusCode::NOT_FOUND, "token-not-found", "Token not found"),
+            ExperimentNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "experiment-not-found",
+                "Experiment not found",
+            ),
             InvalidToken(_) => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid-token-request",
@@ -418,7 +425,12 @@ impl From<RegistryError> for ApiError {
             unknown @ RegistryError::UnknownVersion { .. } => {
                 ApiError::PolicyVersionNotFound(unknown.to_string())
             }
+            unknown @ RegistryError::UnknownExperiment(_) => {
+                ApiError::ExperimentNotFound(unknown.to_string())
+            }
+            RegistryError::ExperimentRefused(detail) => ApiError::InvalidRequest(detail),
             conflict @ (RegistryError::NothingToRollBack(_)
+            | RegistryError::ExperimentConflict(_)
             | RegistryError::TooManyVersions { .. }
             | RegistryError::DataOfActivated { .. }) => {
                 ApiError::PolicyConflict(conflict.to_string())

@@ -6,6 +6,7 @@ mod output;
 
 mod bench;
 mod demo;
+mod experiment;
 mod logging;
 mod policy;
 mod policy_kit;
@@ -57,6 +58,11 @@ enum Command {
         #[command(subcommand)]
         command: policy::PolicyCommand,
     },
+    /// Start, read, stop and promote live A/B and shadow experiments of policy versions.
+    Experiment {
+        #[command(subcommand)]
+        command: experiment::ExperimentCommand,
+    },
     /// Run a reference worker (synthetic executor, or a vector shard with --vectors).
     Worker(worker::WorkerArgs),
     /// Cut a damaged write-ahead log so the server starts again, keeping a copy of it.
@@ -107,6 +113,7 @@ pub fn main() -> ExitCode {
             Command::Task { command } => tasks::run(command).await,
             Command::Policy { command } => policy::run(command).await,
             Command::Token { command } => token::run(command).await,
+            Command::Experiment { command } => experiment::run(command).await,
             Command::Worker(args) => worker::run_worker(args).await,
             Command::Bench { command } => bench::run(command).await,
             Command::Repair(args) => repair::run(args),

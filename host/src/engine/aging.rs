@@ -2,18 +2,18 @@
 //! tick, and the promotions it answers move them up a bucket, each as an event.
 
 use super::{Engine, from_bucket};
-use crate::model::{Actor, Change, Priority, State, Task, TaskId};
+use crate::model::{Actor, Change, Priority, State, Task, TaskId, VariantTag};
 use policy_packed::View;
 
 impl Engine {
-    /// The first `per_bucket` tasks in line in the normal and low buckets, with their views.
-    /// Bounded, so a tick costs the same with a million tasks waiting; the first in line are
-    /// the ones that have waited longest.
-    pub fn aging_views(&self, per_bucket: usize) -> Vec<(TaskId, View)> {
+    /// The first `per_bucket` tasks in line in the normal and low buckets, with their views
+    /// and aging variants. Bounded, so a tick costs the same with a million tasks waiting;
+    /// the first in line are the ones that have waited longest.
+    pub fn aging_views(&self, per_bucket: usize) -> Vec<(TaskId, View, Option<VariantTag>)> {
         [Priority::Normal, Priority::Low]
             .into_iter()
             .flat_map(|bucket| self.queues.iter(bucket).take(per_bucket))
-            .map(|waiting| (waiting.id, waiting.view))
+            .map(|waiting| (waiting.id, waiting.view, waiting.aging_variant))
             .collect()
     }
 

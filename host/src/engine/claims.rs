@@ -155,6 +155,7 @@ impl Engine {
             Some(detail),
             |after| {
                 after.attempt = attempt;
+                after.first_claimed_at_ms.get_or_insert(now_ms);
                 if let Some(old) = after.lease.replace(lease) {
                     after.retired_leases.push(crate::model::RetiredLease {
                         token_sha256: crate::model::token_digest(&old.token),

@@ -5,7 +5,7 @@
 //! driver, tests and tools that run a scheduler alone, and for when every policy version faults.
 
 use super::{DEFAULT_BUCKET_WEIGHTS, RetryDecision};
-use crate::model::{Admission, ShardFilter, TaskSpec, VectorQuery};
+use crate::model::{Admission, ShardFilter, TaskSpec, VariantTag, VectorQuery};
 use policy_packed::{Bucket, Decision, Failure, Hit, View};
 
 /// An answer and the policy version that gave it (none for the host's own rule).
@@ -22,8 +22,14 @@ pub trait Decide: Send + Sync + 'static {
     fn admit(&self, now_ms: u64, first_seq: u64, specs: &[&TaskSpec]) -> Vec<Admission>;
     /// Urgent, normal and low.
     fn bucket_weights(&self, now_ms: u64) -> [u32; 3];
-    /// The index in `waiting` and the new bucket of each task to promote.
-    fn age(&self, now_ms: u64, waiting: &[View]) -> Decided<Vec<(u32, Bucket)>>;
+    /// The index in `waiting` and the new bucket of each task to promote. `variant`: the
+    /// live aging experiment's variant these tasks were all assigned, if any.
+    fn age(
+        &self,
+        now_ms: u64,
+        variant: Option<VariantTag>,
+        waiting: &[View],
+    ) -> Decided<Vec<(u32, Bucket)>>;
     /// One decision per failure, in order.
     fn retry(&self, now_ms: u64, failures: &[Failure]) -> Decided<Vec<RetryDecision>>;
     /// The children of a task to split: the part each covers and its weight, or the
@@ -111,7 +117,12 @@ impl Decide for NativeDecider {
         self.bucket_weights
     }
 
-    fn age(&self, now_ms: u64, waiting: &[View]) -> Decided<Vec<(u32, Bucket)>> {
+    fn age(
+        &self,
+        now_ms: u64,
+        _variant: Option<VariantTag>,
+        waiting: &[View],
+    ) -> Decided<Vec<(u32, Bucket)>> {
         Decided {
             answer: self.aging.age(now_ms, waiting),
             version: None,

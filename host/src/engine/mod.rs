@@ -297,6 +297,8 @@ impl Engine {
             parent: None,
             family: None,
             retired_leases: Vec::new(),
+            variants: admission.variants.tags().collect(),
+            first_claimed_at_ms: None,
         };
         let created = self.event(
             0,
@@ -315,9 +317,7 @@ impl Engine {
             State::Queued,
             Actor::scheduler(),
             now_ms,
-            admission
-                .policy_version
-                .map(|version| format!("admitted by priority policy v{version}")),
+            admission_detail(admission),
         );
         task.event_seqs = vec![created.seq, admitted.seq];
         let key = spec.key.clone().map(|key| {
@@ -550,3 +550,20 @@ impl Engine {
 
 #[cfg(test)]
 mod tests;
+
+/// What the admission event says: the priority version that decided, and the experiment
+/// variants the task is in.
+fn admission_detail(admission: &Admission) -> Option<String> {
+    let mut parts: Vec<String> = admission
+        .policy_version
+        .map(|version| format!("admitted by priority policy v{version}"))
+        .into_iter()
+        .collect();
+    parts.extend(admission.variants.tags().map(|tag| {
+        format!(
+            "in {} experiment {} as variant {}",
+            tag.kind, tag.experiment, tag.variant
+        )
+    }));
+    (!parts.is_empty()).then(|| parts.join("; "))
+}

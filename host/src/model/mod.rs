@@ -6,6 +6,7 @@ mod access;
 mod change;
 mod destination;
 mod event;
+mod experiment;
 mod failure;
 mod id;
 mod policy;
@@ -21,6 +22,10 @@ pub use access::{AuditEvent, Role, TokenRecord};
 pub use change::{Change, KeyRecord, NewTask, Recovery, TaskWrite};
 pub use destination::{CallbackAllow, is_local_name, is_public};
 pub use event::{Actor, Event};
+pub use experiment::{
+    AssignBy, Assignments, Experiment, ExperimentEnd, ExperimentMode, ExperimentSpec,
+    MAX_EXPERIMENTS, VariantSpec, VariantTag,
+};
 pub use failure::FailureClass;
 pub use id::{IdError, IdGenerator, TaskId};
 pub use policy::{

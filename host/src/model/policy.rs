@@ -117,6 +117,12 @@ pub enum PolicyAction {
     RolledBack,
     /// Taken out of service by the runtime after too many faults.
     Deactivated,
+    /// An experiment of the kind began (`reason` names it and its variants).
+    ExperimentStarted,
+    /// An experiment ended without changing the active version.
+    ExperimentStopped,
+    /// An experiment ended by making one of its variants the active version.
+    ExperimentPromoted,
 }
 
 /// An entry of the policy log. `from` and `to` are active versions (0 = built in).

@@ -3,7 +3,7 @@
 //! the value of the task's state-index entry, so queues are rebuilt at start without decoding
 //! every task record.
 
-use super::{Priority, Task, TaskId};
+use super::{PolicyKind, Priority, Task, TaskId, VariantTag};
 use policy_packed::{Bucket, View, name_code};
 use std::collections::BTreeMap;
 
@@ -17,6 +17,8 @@ pub struct QueueEntry {
     pub labels: BTreeMap<String, String>,
     pub view: View,
     pub deadline_at_ms: Option<u64>,
+    /// Its variant of a live aging experiment: the aging step asks that variant about it.
+    pub aging_variant: Option<VariantTag>,
 }
 
 pub fn to_bucket(priority: Priority) -> Bucket {
@@ -51,9 +53,9 @@ pub fn view(task: &Task) -> View {
     }
 }
 
-/// Layout version of `encode`.
-const FORMAT: u8 = 1;
-const FIXED_BYTES: usize = 2 + 8 * 2 + 8 * 6 + 1 + 8;
+/// Layout version of `encode`: 2 added the aging variant.
+const FORMAT: u8 = 2;
+const FIXED_BYTES: usize = 2 + 8 * 2 + 8 * 6 + 1 + 8 + 1 + 4 + 1;
 
 impl QueueEntry {
     pub fn of(task: &Task) -> QueueEntry {
@@ -65,11 +67,13 @@ impl QueueEntry {
             labels: task.labels.clone(),
             view: view(task),
             deadline_at_ms: task.deadline_at_ms,
+            aging_variant: task.variant(PolicyKind::Aging),
         }
     }
 
-    /// `[bucket][format][rank][gpu_memory_mb][view: 6 words][has deadline][deadline]` then
-    /// the labels as JSON when there are any. The first byte is the bucket, as in the index
+    /// `[bucket][format][rank][gpu_memory_mb][view: 6 words][has deadline][deadline]
+    /// [has aging variant][experiment: 4 bytes][variant]` then the labels as JSON when there
+    /// are any. The first byte is the bucket, as in the index
     /// entries of other states.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(FIXED_BYTES + 2);
@@ -82,6 +86,12 @@ impl QueueEntry {
         }
         out.push(u8::from(self.deadline_at_ms.is_some()));
         out.extend_from_slice(&self.deadline_at_ms.unwrap_or(0).to_be_bytes());
+        out.push(u8::from(self.aging_variant.is_some()));
+        let (experiment, variant) = self
+            .aging_variant
+            .map_or((0, 0), |tag| (tag.experiment, tag.variant));
+        out.extend_from_slice(&experiment.to_be_bytes());
+        out.push(variant);
         if !self.labels.is_empty() {
             // Plain string maps always serialize.
             out.extend_from_slice(&serde_json::to_vec(&self.labels).unwrap_or_default());
@@ -104,6 +114,11 @@ impl QueueEntry {
         }
         let view = View::read(&view_words).ok()?;
         let deadline_at_ms = (bytes[66] == 1).then(|| word(67)).flatten();
+        let aging_variant = (bytes[75] == 1).then(|| VariantTag {
+            kind: PolicyKind::Aging,
+            experiment: u32::from_be_bytes([bytes[76], bytes[77], bytes[78], bytes[79]]),
+            variant: bytes[80],
+        });
         let labels = match &bytes[FIXED_BYTES..] {
             [] => BTreeMap::new(),
             json => serde_json::from_slice(json).ok()?,
@@ -116,6 +131,7 @@ impl QueueEntry {
             labels,
             view,
             deadline_at_ms,
+            aging_variant,
         })
     }
 }
@@ -144,6 +160,7 @@ mod tests {
                 est_exec_ms: 300,
             },
             deadline_at_ms: None,
+            aging_variant: None,
         };
         assert_eq!(
             QueueEntry::decode(entry.id, &entry.encode()),
@@ -155,6 +172,19 @@ mod tests {
             QueueEntry::decode(entry.id, &entry.encode()),
             Some(entry.clone())
         );
+        entry.aging_variant = Some(VariantTag {
+            kind: PolicyKind::Aging,
+            experiment: 70_000,
+            variant: 3,
+        });
+        assert_eq!(
+            QueueEntry::decode(entry.id, &entry.encode()),
+            Some(entry.clone())
+        );
+        // A format-1 entry (no variant bytes) is left to the task record.
+        let mut old = entry.encode();
+        old[1] = 1;
+        assert_eq!(QueueEntry::decode(entry.id, &old), None);
         assert_eq!(QueueEntry::decode(entry.id, &[2]), None);
         assert_eq!(QueueEntry::decode(entry.id, &entry.encode()[..40]), None);
     }

@@ -1,6 +1,6 @@
 //! The stored task record and its view over the API.
 
-use super::{Priority, Resources, State, TaskId};
+use super::{Assignments, Priority, Resources, State, TaskId, VariantTag};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -78,6 +78,14 @@ pub struct Task {
     /// a token found neither here nor in `lease` never held the task, and writes nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retired_leases: Vec<RetiredLease>,
+    /// The experiment variants it was assigned at admission, one per kind at most; its
+    /// decisions of that kind are the variant's for as long as the experiment runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<VariantTag>,
+    /// When its first attempt was claimed: the end of its first wait, which experiment
+    /// reports measure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_claimed_at_ms: Option<u64>,
 }
 
 /// Earlier attempts' leases a task remembers, at most; a holder older than these is answered
@@ -177,6 +185,11 @@ pub struct Callback {
 }
 
 impl Task {
+    /// Its variant of the `kind` experiment, if it was assigned one.
+    pub fn variant(&self, kind: super::PolicyKind) -> Option<VariantTag> {
+        self.variants.iter().find(|tag| tag.kind == kind).copied()
+    }
+
     /// The task without its lease token, for anyone but the worker holding the lease.
     pub fn without_token(mut self) -> Task {
         if let Some(lease) = &mut self.lease {
@@ -203,6 +216,8 @@ pub struct Admission {
     pub attempt_timeout_ms: u64,
     /// The priority policy version that decided; none when the host's own rule did.
     pub policy_version: Option<u32>,
+    /// The variants of the running live experiments it is in.
+    pub variants: Assignments,
 }
 
 impl Admission {
@@ -214,6 +229,7 @@ impl Admission {
             rank: seq,
             attempt_timeout_ms: est_exec_ms.saturating_mul(2).max(1),
             policy_version: None,
+            variants: Assignments::default(),
         }
     }
 }

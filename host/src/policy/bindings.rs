@@ -14,7 +14,8 @@ pub mod retry {
 }
 
 pub mod split {
-    wasmtime::component::bindgen!({ world: "split-policy", path: "../wit" });
+    // Compared in shadow experiments.
+    wasmtime::component::bindgen!({ world: "split-policy", path: "../wit", additional_derives: [PartialEq] });
 }
 
 pub mod merge {

@@ -10,7 +10,9 @@ use crate::engine::{
     Decide, Decided, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
 };
 use crate::engine::{RetryDecision, from_bucket, to_bucket};
-use crate::model::{Admission, ShardFilter, TaskSpec};
+use crate::model::{
+    Admission, AssignBy, Assignments, Experiment, PolicyKind, ShardFilter, TaskSpec, VariantTag,
+};
 use policy_packed::{Bucket, Failure, Hit, View, name_code};
 use std::sync::Arc;
 
@@ -42,14 +44,17 @@ impl PolicyDecider {
     }
 }
 
-impl Decide for PolicyDecider {
-    fn admit(&self, now_ms: u64, first_seq: u64, specs: &[&TaskSpec]) -> Vec<Admission> {
-        let views: Vec<View> = specs
-            .iter()
-            .zip(first_seq..)
-            .map(|(spec, seq)| view(now_ms, seq, spec))
-            .collect();
-        match self.registry.admit(now_ms, &views) {
+impl PolicyDecider {
+    /// Admissions of tasks of one priority variant (or of none).
+    fn admit_group(
+        &self,
+        now_ms: u64,
+        variant: Option<VariantTag>,
+        views: &[View],
+        specs: &[&TaskSpec],
+        first_seq: u64,
+    ) -> Vec<Admission> {
+        match self.registry.admit(now_ms, variant, views) {
             Ok(decided) => decided
                 .answer
                 .iter()
@@ -58,6 +63,7 @@ impl Decide for PolicyDecider {
                     rank: answer.rank,
                     attempt_timeout_ms: answer.attempt_timeout_ms,
                     policy_version: Some(decided.version),
+                    variants: Assignments::default(),
                 })
                 .collect(),
             Err(error) => {
@@ -65,6 +71,72 @@ impl Decide for PolicyDecider {
                 self.native.admit(now_ms, first_seq, specs)
             }
         }
+    }
+}
+
+/// The variant of each running live experiment a new task falls in.
+fn assign(live: &[Experiment], spec: &TaskSpec, seq: u64) -> Assignments {
+    let mut assignments = Assignments::default();
+    for experiment in live {
+        let seq_bytes = seq.to_be_bytes();
+        let key: &[u8] = match experiment.assign_by {
+            AssignBy::Task => &seq_bytes,
+            AssignBy::Device => spec.device.as_bytes(),
+            AssignBy::Tenant => spec.tenant.as_bytes(),
+        };
+        assignments.set(VariantTag {
+            kind: experiment.kind,
+            experiment: experiment.id,
+            variant: experiment.assign(key),
+        });
+    }
+    assignments
+}
+
+impl Decide for PolicyDecider {
+    fn admit(&self, now_ms: u64, first_seq: u64, specs: &[&TaskSpec]) -> Vec<Admission> {
+        let views: Vec<View> = specs
+            .iter()
+            .zip(first_seq..)
+            .map(|(spec, seq)| view(now_ms, seq, spec))
+            .collect();
+        let live = self.registry.live_experiments();
+        if live.is_empty() {
+            return self.admit_group(now_ms, None, &views, specs, first_seq);
+        }
+        let assigned: Vec<Assignments> = specs
+            .iter()
+            .zip(first_seq..)
+            .map(|(spec, seq)| assign(&live, spec, seq))
+            .collect();
+        // A live priority experiment: each variant admits its own tasks, in one call each.
+        let mut admissions: Vec<Option<Admission>> = vec![None; specs.len()];
+        let mut groups: std::collections::BTreeMap<Option<u8>, Vec<usize>> = Default::default();
+        for (index, assignments) in assigned.iter().enumerate() {
+            let variant = assignments.get(PolicyKind::Priority).map(|t| t.variant);
+            groups.entry(variant).or_default().push(index);
+        }
+        for indices in groups.into_values() {
+            let tag = assigned[indices[0]].get(PolicyKind::Priority);
+            let group_views: Vec<View> = indices.iter().map(|&i| views[i]).collect();
+            let group_specs: Vec<&TaskSpec> = indices.iter().map(|&i| specs[i]).collect();
+            // The native rule numbers from `first_seq`: each task keeps its own seq in its view.
+            let answers = self.admit_group(now_ms, tag, &group_views, &group_specs, first_seq);
+            for (&index, mut admission) in indices.iter().zip(answers) {
+                if admission.policy_version.is_none() {
+                    admission.rank = views[index].seq;
+                }
+                admission.variants = assigned[index];
+                admissions[index] = Some(admission);
+            }
+        }
+        admissions
+            .into_iter()
+            .zip(specs.iter().zip(first_seq..))
+            .map(|(admission, (spec, seq))| {
+                admission.unwrap_or_else(|| Admission::native(spec.priority, spec.est_exec_ms, seq))
+            })
+            .collect()
     }
 
     fn bucket_weights(&self, now_ms: u64) -> [u32; 3] {
@@ -80,15 +152,20 @@ impl Decide for PolicyDecider {
         }
     }
 
-    fn age(&self, now_ms: u64, waiting: &[View]) -> Decided<Vec<(u32, Bucket)>> {
-        match self.registry.age(now_ms, waiting) {
+    fn age(
+        &self,
+        now_ms: u64,
+        variant: Option<VariantTag>,
+        waiting: &[View],
+    ) -> Decided<Vec<(u32, Bucket)>> {
+        match self.registry.age(now_ms, variant, waiting) {
             Ok(decided) => Decided {
                 answer: decided.answer,
                 version: Some(decided.version),
             },
             Err(error) => {
                 tracing::error!(%error, "every aging policy version faulted; aging by the host's rule");
-                self.native.age(now_ms, waiting)
+                self.native.age(now_ms, variant, waiting)
             }
         }
     }

@@ -7,6 +7,7 @@ use super::checks;
 use super::registry::PolicyRegistry;
 use super::runtime::PolicyError;
 use super::slot::Decided;
+use crate::model::VariantTag;
 use policy_packed::{
     Admission, Bucket, Decision, FAILURE_WORDS, Failure, Hit, VIEW_WORDS, View, pack,
 };
@@ -17,45 +18,53 @@ impl PolicyRegistry {
             .decide(now_ms, |p| p.bucket_weights(), checks::bucket_weights)
     }
 
-    /// One admission per task, in order.
+    /// One admission per task, in order. `variant`: the live priority experiment's variant
+    /// these tasks were all assigned, if any.
     pub fn admit(
         &self,
         now_ms: u64,
+        variant: Option<VariantTag>,
         tasks: &[View],
     ) -> Result<Decided<Vec<Admission>>, PolicyError> {
         if let [task] = tasks {
             let words = task.words();
-            return self.priority.decide(
+            return self.priority.decide_for(
                 now_ms,
+                variant,
                 |p| p.admit_one(now_ms, words),
                 |(a, b, c)| checks::admissions(1, &[a, b, c]),
             );
         }
         let words = pack(tasks, VIEW_WORDS, View::write);
-        self.priority.decide(
+        self.priority.decide_for(
             now_ms,
+            variant,
             |p| p.admit(now_ms, &words),
             |answer| checks::admissions(tasks.len(), &answer),
         )
     }
 
-    /// The index in `waiting` and the new bucket of each task to move.
+    /// The index in `waiting` and the new bucket of each task to move. `variant`: the live
+    /// aging experiment's variant these tasks were all assigned, if any.
     pub fn age(
         &self,
         now_ms: u64,
+        variant: Option<VariantTag>,
         waiting: &[View],
     ) -> Result<Decided<Vec<(u32, Bucket)>>, PolicyError> {
         if let [task] = waiting {
             let words = task.words();
-            return self.aging.decide(
+            return self.aging.decide_for(
                 now_ms,
+                variant,
                 |p| p.age_one(now_ms, words),
                 |to| checks::promotions(waiting, to.map(|to| Promotion { index: 0, to })),
             );
         }
         let words = pack(waiting, VIEW_WORDS, View::write);
-        self.aging.decide(
+        self.aging.decide_for(
             now_ms,
+            variant,
             |p| p.age(now_ms, &words),
             |promotions| checks::promotions(waiting, promotions),
         )

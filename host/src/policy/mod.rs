@@ -9,12 +9,14 @@ mod conformance;
 mod decider;
 mod decisions;
 pub mod defaults;
+mod experiments;
 mod instance;
 mod metrics;
 mod pool;
 mod registry;
 mod runtime;
 mod slot;
+mod trial;
 mod wasi;
 
 pub use conformance::Conformance;
@@ -34,6 +36,7 @@ pub use runtime::{
     exported_kind,
 };
 pub use slot::{Decided, FaultLimit, SlotCounters};
+pub use trial::{ArmFigures, MAX_DISAGREEMENT_SAMPLES};
 
 #[cfg(test)]
 mod hostile;

@@ -77,6 +77,12 @@ pub enum RegistryError {
         "version {version} of the {kind} policy has been activated: its data can no longer change; upload a new version"
     )]
     DataOfActivated { kind: Kind, version: u32 },
+    #[error("no experiment {0}")]
+    UnknownExperiment(u32),
+    #[error("{0}")]
+    ExperimentRefused(String),
+    #[error("{0}")]
+    ExperimentConflict(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -179,44 +185,50 @@ struct Builtin {
 
 pub struct PolicyRegistry {
     runtime: Arc<PolicyRuntime>,
-    catalog: Arc<dyn PolicyCatalog>,
+    pub(super) catalog: Arc<dyn PolicyCatalog>,
     options: RegistryOptions,
-    mutations: Arc<Mutex<()>>,
+    pub(super) mutations: Arc<Mutex<()>>,
     builtins: BTreeMap<Kind, Builtin>,
     pub(super) priority: Slot<PriorityInstance>,
     pub(super) aging: Slot<AgingInstance>,
     pub(super) retry: Slot<RetryInstance>,
     pub(super) split: Slot<SplitInstance>,
     pub(super) merge: Slot<MergeInstance>,
+    /// The running live experiments, for assigning new tasks without a lock.
+    pub(super) live: arc_swap::ArcSwap<Vec<crate::model::Experiment>>,
+    /// The variants' figures of recently ended experiments, newest last (bounded).
+    pub(super) ended_figures:
+        Mutex<std::collections::VecDeque<(u32, Vec<super::trial::ArmFigures>)>>,
 }
 
 /// Runs `$body` with `$slot` bound to the slot of `$kind`.
 macro_rules! on_slot {
     ($registry:expr, $kind:expr, $slot:ident => $body:expr) => {
         match $kind {
-            Kind::Priority => {
+            $crate::model::PolicyKind::Priority => {
                 let $slot = &$registry.priority;
                 $body
             }
-            Kind::Aging => {
+            $crate::model::PolicyKind::Aging => {
                 let $slot = &$registry.aging;
                 $body
             }
-            Kind::Retry => {
+            $crate::model::PolicyKind::Retry => {
                 let $slot = &$registry.retry;
                 $body
             }
-            Kind::Split => {
+            $crate::model::PolicyKind::Split => {
                 let $slot = &$registry.split;
                 $body
             }
-            Kind::Merge => {
+            $crate::model::PolicyKind::Merge => {
                 let $slot = &$registry.merge;
                 $body
             }
         }
     };
 }
+pub(super) use on_slot;
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
@@ -276,11 +288,14 @@ impl PolicyRegistry {
             options,
             mutations,
             builtins,
+            live: Default::default(),
+            ended_figures: Default::default(),
         };
         for kind in Kind::ALL {
             let stack = registry.catalog.stack(kind)?;
             on_slot!(registry, kind, slot => registry.install_stack(slot, &stack, true))?;
         }
+        registry.resume_experiments()?;
         Ok(registry)
     }
 
@@ -502,6 +517,18 @@ impl PolicyRegistry {
         now_ms: u64,
     ) -> Result<KindStatus, RegistryError> {
         let _turn = self.mutations.lock().unwrap_or_else(|p| p.into_inner());
+        self.activate_locked(kind, version, now_ms, None)?;
+        Ok(self.status(kind))
+    }
+
+    /// `activate` for a caller holding the registry's lock; `reason` goes in the event.
+    pub(super) fn activate_locked(
+        &self,
+        kind: Kind,
+        version: u32,
+        now_ms: u64,
+        reason: Option<String>,
+    ) -> Result<(), RegistryError> {
         let mut stack = self.catalog.stack(kind)?;
         let current = stack.last().copied().unwrap_or(BUILTIN_VERSION);
         if version != current {
@@ -523,13 +550,13 @@ impl PolicyRegistry {
                     version,
                     from: Some(current),
                     at_ms: now_ms,
-                    reason: None,
+                    reason,
                     signed_by: None,
                 },
             )?;
             tracing::info!(%kind, version, from = current, "policy activated");
         }
-        Ok(self.status(kind))
+        Ok(())
     }
 
     /// Restores the version active before the current one.
@@ -559,7 +586,11 @@ impl PolicyRegistry {
         Ok(self.status(kind))
     }
 
-    fn version(&self, kind: Kind, version: u32) -> Result<Option<PolicyVersion>, RegistryError> {
+    pub(super) fn version(
+        &self,
+        kind: Kind,
+        version: u32,
+    ) -> Result<Option<PolicyVersion>, RegistryError> {
         Ok(self
             .catalog
             .versions(kind)?
@@ -612,7 +643,7 @@ impl PolicyRegistry {
         Ok(())
     }
 
-    fn load<P: Policy>(&self, version: u32) -> Result<Loaded<P>, RegistryError> {
+    pub(super) fn load<P: Policy>(&self, version: u32) -> Result<Loaded<P>, RegistryError> {
         let kind = P::KIND;
         let load_error = |source| RegistryError::Load {
             kind,

@@ -2,7 +2,7 @@
 //! refusals, fault fallback and deactivation, restart, and swaps under concurrent decisions.
 
 use super::*;
-use crate::model::{PolicyAction, PolicyKind};
+use crate::model::{ExperimentSpec, PolicyAction, PolicyKind};
 use crate::store::{SledOptions, SledStore};
 use policy_packed::{Bucket, Decision, ErrorClass, Failure, View};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,7 +39,9 @@ fn meta(seq: u64, bucket: Bucket, est_exec_ms: u64) -> View {
 
 /// The attempt timeout the active priority policy gives a normal task of 1 s.
 fn normal_timeout(registry: &PolicyRegistry) -> (u64, u32) {
-    let decided = registry.admit(0, &[meta(1, Bucket::Normal, 1000)]).unwrap();
+    let decided = registry
+        .admit(0, None, &[meta(1, Bucket::Normal, 1000)])
+        .unwrap();
     (decided.answer[0].attempt_timeout_ms, decided.version)
 }
 
@@ -325,7 +327,9 @@ fn swaps_under_concurrent_decisions_never_fail_or_mix_versions() {
                     .map(|n| meta(thread * 10 + n, Bucket::Normal, 1000 + n))
                     .collect();
                 for _ in 0..DECISIONS_PER_THREAD {
-                    let decided = registry.admit(0, &batch).expect("a decision never fails");
+                    let decided = registry
+                        .admit(0, None, &batch)
+                        .expect("a decision never fails");
                     assert_eq!(decided.fallbacks, 0);
                     let factor = match decided.version {
                         1 => 2,
@@ -379,4 +383,152 @@ fn swaps_under_concurrent_decisions_never_fail_or_mix_versions() {
         .filter(|e| e.action == PolicyAction::Activated)
         .count();
     assert_eq!(activations, 21);
+}
+
+fn spec(kind: Kind, mode: crate::model::ExperimentMode, versions: &[u32]) -> ExperimentSpec {
+    ExperimentSpec {
+        kind,
+        mode,
+        assign_by: crate::model::AssignBy::Task,
+        variants: versions
+            .iter()
+            .enumerate()
+            .map(|(i, &version)| crate::model::VariantSpec {
+                name: format!("v{i}"),
+                version,
+                weight: 1,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn a_live_variant_decides_for_its_tasks_only_until_its_experiment_ends() {
+    use crate::model::{ExperimentMode, VariantTag};
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, registry) = open(dir.path(), RegistryOptions::default());
+    let slow = registry
+        .upload(
+            Kind::Priority,
+            defaults::PRIORITY_BUCKETS,
+            Some("normal_timeout_factor=5".into()),
+            0,
+        )
+        .unwrap()
+        .version
+        .version;
+    let experiment = registry
+        .start_experiment(spec(Kind::Priority, ExperimentMode::Live, &[0, slow]), 10)
+        .unwrap();
+    assert_eq!(registry.live_experiments().len(), 1);
+    let tag = |variant| VariantTag {
+        kind: Kind::Priority,
+        experiment: experiment.id,
+        variant,
+    };
+    let timeout = |variant: Option<VariantTag>| {
+        let decided = registry
+            .admit(0, variant, &[meta(1, Bucket::Normal, 1000)])
+            .unwrap();
+        (decided.answer[0].attempt_timeout_ms, decided.version)
+    };
+    assert_eq!(timeout(Some(tag(1))), (5000, slow));
+    assert_eq!(timeout(Some(tag(0))), (2000, 0));
+    assert_eq!(
+        timeout(None),
+        (2000, 0),
+        "a task in no variant: the active one"
+    );
+    // A tag of another experiment, or past the variants, is the active version's.
+    assert_eq!(
+        timeout(Some(VariantTag {
+            experiment: 99,
+            ..tag(1)
+        })),
+        (2000, 0)
+    );
+    assert_eq!(timeout(Some(tag(7))), (2000, 0));
+    let figures = registry.variant_figures(&experiment).unwrap();
+    assert_eq!(figures[1].decisions_total, 1);
+
+    // One per kind.
+    let second =
+        registry.start_experiment(spec(Kind::Priority, ExperimentMode::Live, &[0, slow]), 11);
+    assert!(
+        matches!(second, Err(RegistryError::ExperimentConflict(_))),
+        "{second:?}"
+    );
+    let ended = registry.stop_experiment(experiment.id, 20).unwrap();
+    assert_eq!(ended.ended_at_ms, Some(20));
+    assert!(registry.live_experiments().is_empty());
+    assert_eq!(
+        timeout(Some(tag(1))),
+        (2000, 0),
+        "ended: the active version decides"
+    );
+    assert_eq!(
+        registry.variant_figures(&ended).unwrap()[1].decisions_total,
+        1
+    );
+    let actions: Vec<PolicyAction> = registry
+        .detail(Kind::Priority)
+        .unwrap()
+        .events
+        .iter()
+        .map(|e| e.action)
+        .collect();
+    assert!(actions.ends_with(&[
+        PolicyAction::ExperimentStarted,
+        PolicyAction::ExperimentStopped
+    ]));
+}
+
+#[test]
+fn a_faulting_shadow_variant_is_counted_and_never_touches_the_active_answer() {
+    use crate::model::ExperimentMode;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, registry) = open(dir.path(), RegistryOptions::default());
+    let late = super::hostile::component("late-trap");
+    let version = registry
+        .upload(Kind::Retry, &late, None, 0)
+        .unwrap()
+        .version
+        .version;
+    let experiment = registry
+        .start_experiment(spec(Kind::Retry, ExperimentMode::Shadow, &[version]), 0)
+        .unwrap();
+    assert!(
+        registry.live_experiments().is_empty(),
+        "shadow assigns nothing"
+    );
+    for now_ms in 0..10 {
+        let decided = registry.retry(now_ms, &[failure(LATE_SEQ)]).unwrap();
+        assert_eq!((decided.version, decided.fallbacks), (0, 0));
+    }
+    let answered = registry.retry(10, &[failure(1)]).unwrap();
+    assert_eq!(answered.version, 0);
+    let figures = &registry.variant_figures(&experiment).unwrap()[0];
+    assert_eq!(figures.decisions_total, 11);
+    assert_eq!(figures.faults_total, 10);
+    // Its one answer is compared (it backs off otherwise than the built-in one: a sample).
+    assert_eq!(figures.compared_total, 1);
+    assert_eq!(
+        figures.disagreement_samples.len() as u64,
+        figures.disagreements_total
+    );
+    let status = registry.status(Kind::Retry);
+    assert_eq!(
+        (status.active_version, status.counters.deactivations_total),
+        (0, 0)
+    );
+
+    // It resumes, running, after a restart.
+    drop((store, registry));
+    let (_store, registry) = open(dir.path(), RegistryOptions::default());
+    assert!(registry.experiment(experiment.id).unwrap().is_running());
+    registry.retry(20, &[failure(LATE_SEQ)]).unwrap();
+    assert_eq!(
+        registry.variant_figures(&experiment).unwrap()[0].faults_total,
+        1
+    );
 }

@@ -6,9 +6,10 @@ use super::instance::Policy;
 use super::metrics::{PolicyMetrics, TIMED_ONE_IN, VersionMetrics};
 use super::pool::InstancePool;
 use super::runtime::{Compiled, PolicyError, PolicyRuntime};
-use crate::model::{PolicyAction, PolicyEvent};
+use super::trial::Trial;
+use crate::model::{PolicyAction, PolicyEvent, VariantTag};
 use crate::store::PolicyCatalog;
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -66,7 +67,7 @@ impl<P: Policy> Loaded<P> {
     }
 
     /// This version's series among `metrics`.
-    fn metrics_in(&self, metrics: &PolicyMetrics) -> &VersionMetrics {
+    pub(super) fn metrics_in(&self, metrics: &PolicyMetrics) -> &VersionMetrics {
         self.metrics
             .get_or_init(|| metrics.version(P::KIND.as_str(), self.version))
     }
@@ -78,7 +79,7 @@ impl<P: Policy> Loaded<P> {
 
     /// One call on a pooled instance (or a new one), its answer judged. A faulted instance is
     /// dropped, so a poisoned store is never reused.
-    fn run<R, T>(
+    pub(super) fn run<R, T>(
         &self,
         call: &mut impl FnMut(&mut P) -> Result<R, PolicyError>,
         judge: &impl Fn(R) -> Result<T, String>,
@@ -139,6 +140,8 @@ impl<P> Chain<P> {
 
 pub struct Slot<P> {
     chain: ArcSwap<Chain<P>>,
+    /// The kind's running experiment, if any.
+    trial: ArcSwapOption<Trial<P>>,
     limit: FaultLimit,
     catalog: Arc<dyn PolicyCatalog>,
     /// The registry's lock: activations, rollbacks and deactivations take turns.
@@ -163,6 +166,7 @@ impl<P: Policy> Slot<P> {
         }
         Slot {
             chain: ArcSwap::from_pointee(chain),
+            trial: ArcSwapOption::empty(),
             limit,
             catalog,
             mutations,
@@ -186,6 +190,20 @@ impl<P: Policy> Slot<P> {
         self.chain.store(Arc::new(chain));
     }
 
+    pub fn trial(&self) -> Option<Arc<Trial<P>>> {
+        self.trial.load_full()
+    }
+
+    /// Makes `trial` the running experiment (none: ends it). Callers hold the registry's lock.
+    pub(super) fn install_trial(&self, trial: Option<Trial<P>>) {
+        if let Some(trial) = &trial {
+            for loaded in trial.arms.iter().filter_map(|arm| arm.loaded.as_ref()) {
+                loaded.metrics_in(&self.metrics);
+            }
+        }
+        self.trial.store(trial.map(Arc::new));
+    }
+
     pub fn counters(&self) -> SlotCounters {
         SlotCounters {
             decisions_total: self.decisions_total.load(Ordering::Relaxed),
@@ -198,11 +216,44 @@ impl<P: Policy> Slot<P> {
     /// Decides with the active version; when it faults (trap, fuel, memory cap, or an answer
     /// `judge` refuses), with the version behind it, down to the built-in one. `judge` turns
     /// a usable answer into the decision. Fails only when every version in the chain faulted.
-    pub fn decide<R, T>(
+    /// A shadow experiment's variants then decide beside it, unheeded.
+    pub fn decide<R, T: PartialEq + std::fmt::Debug>(
         &self,
         now_ms: u64,
+        call: impl FnMut(&mut P) -> Result<R, PolicyError>,
+        judge: impl Fn(R) -> Result<T, String>,
+    ) -> Result<Decided<T>, PolicyError> {
+        self.decide_for(now_ms, None, call, judge)
+    }
+
+    /// `decide` for tasks assigned `variant` of a live experiment: that variant's version
+    /// decides while the experiment runs, the active chain when it faults or has ended.
+    pub fn decide_for<R, T: PartialEq + std::fmt::Debug>(
+        &self,
+        now_ms: u64,
+        variant: Option<VariantTag>,
         mut call: impl FnMut(&mut P) -> Result<R, PolicyError>,
         judge: impl Fn(R) -> Result<T, String>,
+    ) -> Result<Decided<T>, PolicyError> {
+        let trial = self.trial.load();
+        if let (Some(tag), Some(trial)) = (variant, trial.as_deref())
+            && let Some(decided) = trial.decide_live(tag, &self.metrics, &mut call, &judge)
+        {
+            self.decisions_total.fetch_add(1, Ordering::Relaxed);
+            return Ok(decided);
+        }
+        let decided = self.decide_active(now_ms, &mut call, &judge)?;
+        if let Some(trial) = trial.as_deref() {
+            trial.shadow(&decided, &self.metrics, &mut call, &judge);
+        }
+        Ok(decided)
+    }
+
+    fn decide_active<R, T>(
+        &self,
+        now_ms: u64,
+        call: &mut impl FnMut(&mut P) -> Result<R, PolicyError>,
+        judge: &impl Fn(R) -> Result<T, String>,
     ) -> Result<Decided<T>, PolicyError> {
         let nth = self.decisions_total.fetch_add(1, Ordering::Relaxed);
         // A guard, not a clone: no reference count is touched on this path.
@@ -216,7 +267,7 @@ impl<P: Policy> Slot<P> {
             // of a single decision, so only a sample of calls is timed; a stand-in's call, rare
             // and telling, always is. The TSC, not the OS clock: 19 ns a read against 34 ns.
             let started = (fallbacks > 0 || nth % TIMED_ONE_IN == 0).then(quanta::Instant::now);
-            let outcome = loaded.run(&mut call, &judge);
+            let outcome = loaded.run(call, judge);
             loaded
                 .metrics_in(&self.metrics)
                 .record(started.map(|started| started.elapsed()), outcome.is_err());

@@ -146,10 +146,6 @@ impl VariantReport {
             sorted_waits_ms: outcome.tally.waits_ms,
         }
     }
-
-    fn wait(&self, bucket: Priority) -> Option<&WaitFigures> {
-        self.wait_ms.get(&bucket)
-    }
 }
 
 /// One figure of the second variant against the first.
@@ -281,20 +277,7 @@ impl SimReport {
         if let [first, second, ..] = self.variants.as_slice() {
             let _ = writeln!(out, "\n{} against {}:", second.name, first.name);
             for difference in &self.differences {
-                let _ = writeln!(
-                    out,
-                    "  {:<8} {:<4} {:>10} → {:>10}  {}{}",
-                    difference.bucket.as_str(),
-                    difference.figure,
-                    duration(difference.first_ms),
-                    duration(difference.second_ms),
-                    change(difference.change_percent),
-                    difference
-                        .interval_percent
-                        .map_or(String::new(), |[low, high]| format!(
-                            "  [{low:+.1} %, {high:+.1} %]"
-                        ))
-                );
+                let _ = writeln!(out, "{}", difference_line(difference));
             }
         }
         if let Some(verdict) = &self.verdict {
@@ -305,22 +288,40 @@ impl SimReport {
 }
 
 fn differences(first: &VariantReport, second: &VariantReport, seed: u64) -> Vec<Difference> {
+    wait_differences(&first.sorted_waits_ms, &second.sorted_waits_ms, seed)
+}
+
+/// The second sample's wait p50, p99 and max against the first's, per bucket (urgent, normal,
+/// low), with bootstrap intervals from `seed` (none for a bucket empty in either).
+pub fn wait_differences(
+    first: &[Vec<u64>; 3],
+    second: &[Vec<u64>; 3],
+    seed: u64,
+) -> Vec<Difference> {
     let mut out = Vec::new();
     for bucket in Priority::ALL {
-        let (Some(a), Some(b)) = (first.wait(bucket), second.wait(bucket)) else {
-            continue;
-        };
+        let [a, b] = [first, second].map(|v| v[bucket.index()].as_slice());
         // Each figure its own stream of draws, so adding one changes none of the others.
         let interval = |q: f64, stream: u64| {
             let seed =
                 seed ^ (bucket.index() as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ stream;
-            let [a, b] = [first, second].map(|v| v.sorted_waits_ms[bucket.index()].as_slice());
             change_interval_percent(a, b, q, seed)
         };
+        let max = |v: &[u64]| v.last().copied().unwrap_or(0);
         for (figure, first_ms, second_ms, interval_percent) in [
-            ("p50", a.p50_ms, b.p50_ms, interval(0.50, 50)),
-            ("p99", a.p99_ms, b.p99_ms, interval(0.99, 99)),
-            ("max", a.max_ms, b.max_ms, None),
+            (
+                "p50",
+                quantile(a, 0.50),
+                quantile(b, 0.50),
+                interval(0.50, 50),
+            ),
+            (
+                "p99",
+                quantile(a, 0.99),
+                quantile(b, 0.99),
+                interval(0.99, 99),
+            ),
+            ("max", max(a), max(b), None),
         ] {
             out.push(Difference {
                 interval_percent,
@@ -340,7 +341,7 @@ fn differences(first: &VariantReport, second: &VariantReport, seed: u64) -> Vec<
 /// A plain line on the p99 waits: what the second variant does to each bucket, with the
 /// interval. A change is called one when its interval leaves out 0 and it is at least 1 %;
 /// a smaller one, however sure, is called unchanged.
-fn verdict(name: &str, differences: &[Difference]) -> String {
+pub fn verdict(name: &str, differences: &[Difference]) -> String {
     let parts: Vec<String> = differences
         .iter()
         .filter(|d| d.figure == "p99")
@@ -386,6 +387,22 @@ fn percent(value: f64) -> String {
 fn signed_percent(value: f64) -> String {
     let sign = if value >= 0.0 { "+" } else { "−" };
     format!("{sign}{}", percent(value.abs()))
+}
+
+/// One difference as the tables print it: bucket, figure, both values, change, interval.
+pub fn difference_line(d: &Difference) -> String {
+    format!(
+        "  {:<8} {:<4} {:>10} → {:>10}  {}{}",
+        d.bucket.as_str(),
+        d.figure,
+        duration(d.first_ms),
+        duration(d.second_ms),
+        change(d.change_percent),
+        d.interval_percent
+            .map_or(String::new(), |[low, high]| format!(
+                "  [{low:+.1} %, {high:+.1} %]"
+            ))
+    )
 }
 
 fn change(percent: Option<f64>) -> String {

@@ -34,9 +34,10 @@ impl Decide for Shards {
     fn age(
         &self,
         now_ms: u64,
+        variant: Option<crate::model::VariantTag>,
         waiting: &[policy_packed::View],
     ) -> Decided<Vec<(u32, policy_packed::Bucket)>> {
-        self.native.age(now_ms, waiting)
+        self.native.age(now_ms, variant, waiting)
     }
     fn retry(
         &self,

@@ -8,8 +8,8 @@ pub mod sled;
 pub use self::sled::{MAX_AUDIT_EVENTS, Repair, SledOptions, SledStore};
 
 use crate::model::{
-    AuditEvent, Change, Event, KeyRecord, PolicyEvent, PolicyKind, PolicyVersion, Recovery, State,
-    Task, TaskId, TokenRecord, WorkerEvent,
+    AuditEvent, Change, Event, Experiment, KeyRecord, PolicyEvent, PolicyKind, PolicyVersion,
+    Recovery, State, Task, TaskId, TokenRecord, WorkerEvent,
 };
 
 /// The free space a store keeps on its disk by default, refusing writes below it: several times
@@ -173,6 +173,15 @@ pub trait PolicyCatalog: Send + Sync + 'static {
     /// Compiled code cached under `cache_key`; a cache, so losing it costs only a recompile.
     fn compiled(&self, cache_key: &str) -> Result<Option<Vec<u8>>, StoreError>;
     fn put_compiled(&self, cache_key: &str, code: &[u8]) -> Result<(), StoreError>;
+    /// Every experiment's record, in id order.
+    fn experiments(&self) -> Result<Vec<Experiment>, StoreError>;
+    /// Stores (or replaces) an experiment's record and logs why, as one write. The event's
+    /// `seq` is assigned here.
+    fn put_experiment(
+        &self,
+        experiment: &Experiment,
+        event: PolicyEvent,
+    ) -> Result<PolicyEvent, StoreError>;
 }
 
 /// Tokens (by id, holding only their hashes) and the audit log of admin actions. Every write

@@ -360,7 +360,7 @@ fn priority(
         .collect();
     let wasm = timed(|| {
         for _ in 0..rounds {
-            std::hint::black_box(registry.admit(1, &tasks)?);
+            std::hint::black_box(registry.admit(1, None, &tasks)?);
         }
         Ok(())
     })?;
@@ -390,7 +390,7 @@ fn aging(
         .collect();
     let wasm = timed(|| {
         for _ in 0..rounds {
-            std::hint::black_box(registry.age(now_ms, &waiting)?);
+            std::hint::black_box(registry.age(now_ms, None, &waiting)?);
         }
         Ok(())
     })?;

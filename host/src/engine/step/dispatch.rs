@@ -333,21 +333,34 @@ impl Stepper<'_> {
         if waiting.is_empty() {
             return;
         }
-        let views: Vec<_> = waiting.iter().map(|(_, view)| *view).collect();
-        let decided = self.decide.age(now_ms, &views);
-        for (index, to) in decided.answer {
-            let Some(&(id, _)) = waiting.get(index as usize) else {
-                continue;
-            };
-            let promoted = self
-                .task(id)
-                .map(|task| self.engine.plan_promote(now_ms, &task, to, decided.version));
-            match promoted {
-                Ok(Some(change)) => {
-                    self.plan(change);
+        // One call per aging variant, as one call before experiments: almost always a single
+        // group (no experiment), and at most one per variant of the running one besides
+        // tasks of an ended experiment.
+        let mut groups: std::collections::BTreeMap<_, Vec<usize>> = Default::default();
+        for (index, (_, _, variant)) in waiting.iter().enumerate() {
+            groups
+                .entry(variant.map(|tag| (tag.experiment, tag.variant)))
+                .or_default()
+                .push(index);
+        }
+        for indices in groups.into_values() {
+            let variant = waiting[indices[0]].2;
+            let views: Vec<_> = indices.iter().map(|&i| waiting[i].1).collect();
+            let decided = self.decide.age(now_ms, variant, &views);
+            for (index, to) in decided.answer {
+                let Some(&(id, _, _)) = indices.get(index as usize).map(|&i| &waiting[i]) else {
+                    continue;
+                };
+                let promoted = self
+                    .task(id)
+                    .map(|task| self.engine.plan_promote(now_ms, &task, to, decided.version));
+                match promoted {
+                    Ok(Some(change)) => {
+                        self.plan(change);
+                    }
+                    Ok(None) => {}
+                    Err(error) => tracing::error!(task_id = %id, %error, "could not promote"),
                 }
-                Ok(None) => {}
-                Err(error) => tracing::error!(task_id = %id, %error, "could not promote"),
             }
         }
     }

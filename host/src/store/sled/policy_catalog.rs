@@ -3,11 +3,11 @@
 //!
 //! Keys: `m`+sha256 → component bytes; `v`+kind+version → version record; `a`+kind → the
 //! activation stack; `e`+kind+seq → policy event; `c`+cache key → compiled code; `d`+kind+
-//! version+name → a version's data blob.
+//! version+name → a version's data blob; `x`+id → an experiment's record.
 
 use super::SledStore;
 use super::util::corrupt;
-use crate::model::{PolicyEvent, PolicyKind, PolicyVersion};
+use crate::model::{Experiment, PolicyEvent, PolicyKind, PolicyVersion};
 use crate::store::{PolicyCatalog, StoreError};
 
 fn module_key(sha256: &str) -> Vec<u8> {
@@ -32,6 +32,10 @@ fn data_prefix(kind: PolicyKind, version: u32) -> Vec<u8> {
 
 fn compiled_key(cache_key: &str) -> Vec<u8> {
     [b"c".as_slice(), cache_key.as_bytes()].concat()
+}
+
+fn experiment_key(id: u32) -> Vec<u8> {
+    [b"x".as_slice(), &id.to_be_bytes()].concat()
 }
 
 fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
@@ -176,6 +180,31 @@ impl PolicyCatalog for SledStore {
         self.shared.space.check(code.len() as u64)?;
         self.policies.insert(compiled_key(cache_key), code)?;
         Ok(())
+    }
+
+    fn experiments(&self) -> Result<Vec<Experiment>, StoreError> {
+        self.policies
+            .scan_prefix(b"x")
+            .map(|entry| {
+                let (_, bytes) = entry?;
+                serde_json::from_slice(&bytes).map_err(|e| corrupt("experiment", e))
+            })
+            .collect()
+    }
+
+    fn put_experiment(
+        &self,
+        experiment: &Experiment,
+        mut event: PolicyEvent,
+    ) -> Result<PolicyEvent, StoreError> {
+        self.shared.space.check(0)?;
+        event.seq = self.next_policy_seq()?;
+        let mut batch = sled::Batch::default();
+        batch.insert(experiment_key(experiment.id), json(experiment)?);
+        batch.insert(event_key(event.kind, event.seq), json(&event)?);
+        self.policies.apply_batch(batch)?;
+        self.sync_sled()?;
+        Ok(event)
     }
 }
 
