@@ -266,6 +266,16 @@ async fn the_status_page_shows_queues_live_events_and_a_task_timeline_in_chromiu
     let server = fast_history_server(dir.path());
     let client = http();
 
+    // A live experiment every task below is assigned to, for the experiments table.
+    let experiment = post_json(
+        &client,
+        &server.endpoint("/v1/experiments"),
+        &json!({"kind": "aging", "variants": [
+            {"name": "A", "version": 0}, {"name": "B", "version": 0}]}),
+    )
+    .await;
+    assert_eq!(experiment.status, 201, "{:?}", experiment.body);
+
     // One task run to completion, for the lookup; then 3 urgent, 2 normal and 4 low waiting.
     let heartbeat = json!({"gpus": [{"model": "A100", "memory_mb": 40000}], "max_concurrency": 4});
     let worker = post_json(
@@ -310,6 +320,13 @@ async fn the_status_page_shows_queues_live_events_and_a_task_timeline_in_chromiu
     assert_eq!(page.title().await.unwrap(), "Sluice status");
 
     wait_for_text(&page, "#queue-urgent", "3").await;
+    let report = get_json(&client, &server.endpoint("/v1/experiments/1"))
+        .await
+        .body;
+    for variant in report["variants"].as_array().unwrap() {
+        let css = format!("#experiment-1-{}-tasks", variant["name"].as_str().unwrap());
+        wait_for_text(&page, &css, &variant["tasks"].to_string()).await;
+    }
     wait_for_text(&page, "#queue-normal", "2").await;
     wait_for_text(&page, "#queue-low", "4").await;
     wait_for_text(&page, "#state-completed", "1").await;

@@ -122,6 +122,55 @@ function renderPolicies(policies) {
   }
 }
 
+// A report reads the experiment's task records: fetched now and then, not every poll.
+const REPORTS_EVERY_MS = 30000;
+let reportsFetchedAt = -Infinity;
+
+function renderExperiments(reports) {
+  $("experiments-card").hidden = reports.length === 0;
+  const body = $("experiments").tBodies[0];
+  body.replaceChildren();
+  const verdicts = $("experiment-verdicts");
+  verdicts.replaceChildren();
+  for (const report of reports) {
+    const experiment = report.experiment;
+    for (const variant of report.variants) {
+      const row = document.createElement("tr");
+      cell(row, `${experiment.id}: ${experiment.kind} (${experiment.mode}, by ${experiment.assign_by})`);
+      cell(row, variant.name);
+      cell(row, String(variant.version), "num");
+      cell(row, String(variant.tasks), "num").id = `experiment-${experiment.id}-${variant.name}-tasks`;
+      cell(row, String(variant.completed), "num");
+      const p99 = BUCKETS.map((b) => variant.wait_ms?.[b]?.claimed ? duration(variant.wait_ms[b].p99_ms) : "–");
+      cell(row, p99.join(" / "), "num");
+      const runtime = variant.runtime || {};
+      cell(row, String(runtime.decisions_total ?? "–"), "num");
+      cell(row, String(runtime.faults_total ?? "–"), runtime.faults_total > 0 ? "num warn" : "num");
+      cell(row, experiment.mode === "shadow" ? String(runtime.disagreements_total ?? "–") : "–", "num");
+      body.appendChild(row);
+    }
+    for (const comparison of report.comparisons || []) {
+      const item = document.createElement("li");
+      item.textContent = `experiment ${experiment.id}: ${comparison.verdict}`;
+      verdicts.appendChild(item);
+    }
+  }
+}
+
+async function pollExperiments() {
+  const now = Date.now();
+  if (now - reportsFetchedAt < REPORTS_EVERY_MS) return;
+  reportsFetchedAt = now;
+  try {
+    const all = await getJson("/v1/experiments");
+    const running = all.filter((experiment) => experiment.ended_at_ms === undefined);
+    renderExperiments(await Promise.all(running.map((e) => getJson(`/v1/experiments/${e.id}`))));
+  } catch (error) {
+    reportsFetchedAt = -Infinity;
+    console.error("experiment reports failed:", error);
+  }
+}
+
 function setHealth(label, className) {
   const pill = $("health");
   pill.textContent = label;
@@ -143,6 +192,7 @@ async function poll() {
     renderPolicies(policies && policies.policies);
     setHealth(ready ? "ready" : "draining", ready ? "ok" : "warn");
     text("updated", new Date().toLocaleTimeString());
+    pollExperiments();
     return stats;
   } catch (error) {
     if (error.status !== 401) {
