@@ -130,6 +130,10 @@ pub fn report<E>(
                 limit,
                 scan_budget: limit,
             })?;
+            if page.tasks.is_empty() {
+                // Nothing past `from` (a page that examined nothing cannot move the scan on).
+                break;
+            }
             examined += page.tasks.len();
             for task in &page.tasks {
                 if let Some(tag) = task.variant(experiment.kind)
