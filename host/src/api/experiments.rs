@@ -2,7 +2,7 @@
 //! read one's report, stop it, or promote a variant to active.
 
 use super::AppState;
-use super::extract::{Decoded, read_json};
+use super::extract::Decoded;
 use super::guard::Caller;
 use super::policies::blocking;
 use super::problem::ApiError;
@@ -30,22 +30,6 @@ fn experiment_id(text: &str) -> Result<u32, ApiError> {
         })
 }
 
-async fn read_body<T: serde::de::DeserializeOwned>(
-    state: &AppState,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<T, ApiError> {
-    let decoded: Decoded<T> = read_json(
-        headers,
-        body,
-        MAX_EXPERIMENT_BODY_BYTES,
-        state.limits.body_timeout,
-        &state.body_budget,
-    )
-    .await?;
-    Ok(decoded.value)
-}
-
 /// Starts an experiment of a kind's versions (one per kind at a time). Live: each new task
 /// is assigned a variant by a stable hash of its `assign_by` key, and that variant's version
 /// decides for it. Shadow: the active version decides, the variants beside it, unheeded.
@@ -59,7 +43,13 @@ pub async fn start(
     body: Body,
 ) -> Result<Response, ApiError> {
     state.refuse_if_draining()?;
-    let spec: ExperimentSpec = read_body(&state, &headers, body).await?;
+    // The body's share of the budget is held until the answer, as for every body.
+    let Decoded {
+        value: spec,
+        _budget,
+    } = state
+        .read_json::<ExperimentSpec>(&headers, body, MAX_EXPERIMENT_BODY_BYTES)
+        .await?;
     let experiment = blocking(&state.policies, move |registry, now_ms| {
         Ok(registry.start_experiment(spec, now_ms)?)
     })
@@ -154,7 +144,12 @@ pub async fn promote(
 ) -> Result<Json<Experiment>, ApiError> {
     state.refuse_if_draining()?;
     let id = experiment_id(&id)?;
-    let request: PromoteRequest = read_body(&state, &headers, body).await?;
+    let Decoded {
+        value: request,
+        _budget,
+    } = state
+        .read_json::<PromoteRequest>(&headers, body, MAX_EXPERIMENT_BODY_BYTES)
+        .await?;
     let variant = request.variant.clone();
     let experiment = blocking(&state.policies, move |registry, now_ms| {
         Ok(registry.promote_experiment(id, &variant, now_ms)?)
