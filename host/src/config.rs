@@ -93,6 +93,9 @@ pub struct ServeConfig {
     /// PEM certificate chain and private key: serve https (rustls) instead of http.
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
+    /// A `postgres://` URL: keep the state in that database, shared with other replicas,
+    /// instead of sled in `data_dir`.
+    pub store: Option<String>,
 }
 
 impl Default for ServeConfig {
@@ -138,6 +141,7 @@ impl Default for ServeConfig {
             request_timeout_ms: 60_000,
             tls_cert: None,
             tls_key: None,
+            store: None,
         }
     }
 }
@@ -183,6 +187,7 @@ pub struct FileConfig {
     pub request_timeout_ms: Option<u64>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
+    pub store: Option<String>,
     /// `[policies.<kind>]` tables: each policy's settings, e.g.
     /// `[policies.retry] initial_delay_ms = 300000`.
     #[serde(default)]
@@ -226,6 +231,7 @@ pub struct Overrides {
     pub tls_key: Option<PathBuf>,
     pub device_rate_per_s: Option<u32>,
     pub device_burst: Option<u32>,
+    pub store: Option<String>,
 }
 
 impl ServeConfig {
@@ -336,6 +342,7 @@ impl ServeConfig {
                 .unwrap_or(defaults.request_timeout_ms),
             tls_cert: overrides.tls_cert.or(file.tls_cert),
             tls_key: overrides.tls_key.or(file.tls_key),
+            store: overrides.store.or(file.store),
         };
         config.check()?;
         Ok(config)
@@ -460,6 +467,14 @@ impl ServeConfig {
             return Err(invalid(
                 "request_timeout_ms",
                 "must be at least max_claim_wait_ms + 1000 (a waiting claim must fit) and at most 1 h",
+            ));
+        }
+        if let Some(store) = &self.store
+            && !crate::store::postgres::is_postgres_url(store)
+        {
+            return Err(invalid(
+                "store",
+                "must be a postgres:// URL; leave it unset for the embedded store in data_dir",
             ));
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {

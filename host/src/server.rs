@@ -13,7 +13,9 @@ use crate::policy::{
     RegistryOptions, RuntimeOptions,
 };
 use crate::scheduler::{Scheduler, SchedulerError, SchedulerOptions, SystemClock};
-use crate::store::{SledOptions, SledStore, StoreError};
+use crate::store::{
+    AccessCatalog, PgOptions, PgStore, PolicyCatalog, SledOptions, SledStore, Store, StoreError,
+};
 use crate::telemetry::Metrics;
 use std::future::Future;
 use std::sync::Arc;
@@ -60,6 +62,46 @@ fn callback_roots(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, S
     Ok(roots)
 }
 
+/// One backend, as each part of the server sees it.
+struct Stores {
+    tasks: Arc<dyn Store>,
+    policies: Arc<dyn PolicyCatalog>,
+    access: Arc<dyn AccessCatalog>,
+}
+
+fn shared<S: Store + PolicyCatalog + AccessCatalog>(store: S) -> Stores {
+    let store = Arc::new(store);
+    Stores {
+        tasks: store.clone(),
+        policies: store.clone(),
+        access: store,
+    }
+}
+
+/// The configured backend: sled in the data directory, or PostgreSQL when `store` names a
+/// database. On PostgreSQL this waits for the leader lease: the engine runs in one replica at
+/// a time.
+fn open_stores(config: &ServeConfig) -> Result<Stores, ServerError> {
+    let Some(url) = &config.store else {
+        return Ok(shared(SledStore::open(
+            &config.data_dir,
+            &SledOptions {
+                cache_capacity_bytes: config.cache_capacity_bytes,
+                fdatasync: config.fdatasync,
+                min_free_disk_bytes: config.min_free_disk_bytes,
+            },
+        )?));
+    };
+    let store = PgStore::open(url, &PgOptions::default())?;
+    let holder = format!(
+        "{}:{}",
+        std::process::id(),
+        ulid::Ulid::new().to_string().to_lowercase()
+    );
+    store.lead(&holder, &config.listen.to_string())?;
+    Ok(shared(store))
+}
+
 pub struct Server {
     state: AppState,
     drain_timeout: Duration,
@@ -83,17 +125,9 @@ impl Server {
     /// Opens (or creates) the data directory and rebuilds the scheduler's state from it. This
     /// can take seconds with millions of tasks; the server is ready once it returns.
     pub fn open(config: &ServeConfig) -> Result<Server, ServerError> {
-        let store = SledStore::open(
-            &config.data_dir,
-            &SledOptions {
-                cache_capacity_bytes: config.cache_capacity_bytes,
-                fdatasync: config.fdatasync,
-                min_free_disk_bytes: config.min_free_disk_bytes,
-            },
-        )?;
-        let store = Arc::new(store);
+        let stores = open_stores(config)?;
         let gate = Arc::new(Gate::open(
-            store.clone(),
+            stores.access,
             config.admin_token_sha256.clone(),
             config.insecure_no_auth,
         )?);
@@ -112,7 +146,7 @@ impl Server {
         })?);
         let policies = Arc::new(PolicyRegistry::open(
             runtime,
-            store.clone(),
+            stores.policies,
             RegistryOptions {
                 configs: config.policy_configs.clone(),
                 fault_limit: FaultLimit {
@@ -130,7 +164,7 @@ impl Server {
             None => Vec::new(),
         };
         let scheduler = Scheduler::start(
-            store,
+            stores.tasks,
             Box::new(SystemClock),
             Arc::new(PolicyDecider::new(policies.clone())),
             &SchedulerOptions {

@@ -15,6 +15,10 @@ pub struct ServeArgs {
     /// Where the embedded store (sled, the default backend) keeps the state [default: ./sluice-data]
     #[arg(long, env = "SLUICE_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// A postgres:// URL: keep the state in that PostgreSQL database, which several replicas
+    /// may share, instead of sled in --data-dir [default: none]
+    #[arg(long, env = "SLUICE_STORE", hide_env_values = true)]
+    store: Option<String>,
     /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:7700]
     #[arg(long, env = "SLUICE_LISTEN")]
     listen: Option<SocketAddr>,
@@ -97,11 +101,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         insecure_no_auth: args.insecure_no_auth,
         tls_cert: args.tls_cert,
         tls_key: args.tls_key,
+        store: args.store,
         device_rate_per_s: args.device_rate_per_s,
         device_burst: args.device_burst,
     };
     let config = ServeConfig::resolve(file, overrides)?;
-    let data_dir = config.data_dir.display().to_string();
+    let data_dir = match &config.store {
+        Some(url) => sluice::store::postgres::redacted(url),
+        None => config.data_dir.display().to_string(),
+    };
     let server = tokio::task::spawn_blocking(move || Server::open(&config).map(|s| (s, config)))
         .await
         .context("opening the store")??;

@@ -1,10 +1,13 @@
 //! The storage API: the `Store` and `PolicyCatalog` traits, a backend-neutral `StoreError`, and
 //! the page queries. The data a commit carries (`Change` and its parts) and what a store hands
 //! back at start (`Recovery`) are the model's (`model/change.rs`). Backends live in folders of
-//! their own: `sled/` is the embedded default, and nothing outside it names sled.
+//! their own: `sled/` is the embedded default, `postgres/` the shared one for several replicas;
+//! nothing outside them names sled or sqlx.
 
+pub mod postgres;
 pub mod sled;
 
+pub use self::postgres::{PgOptions, PgStore};
 pub use self::sled::{MAX_AUDIT_EVENTS, Repair, SledOptions, SledStore};
 
 use crate::model::{

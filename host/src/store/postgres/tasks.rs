@@ -1,0 +1,669 @@
+//! The engine's records in PostgreSQL: tasks, idempotency keys, the event and worker logs, the
+//! start-up read and retention (the `Store` trait).
+
+use super::leader::check_epoch;
+use super::{PgStore, corrupt, int8, uint8};
+use crate::model::{
+    Change, Event, KeyRecord, QueueEntry, Recovery, State, Task, TaskId, WorkerEvent,
+};
+use crate::store::{Compacted, ListPage, ListQuery, Store, StoreError};
+use sqlx::Row;
+use std::collections::HashMap;
+
+/// Log entries one retention pass removes at most, beside its tasks.
+const MAX_LOG_ENTRIES: i64 = 1_024;
+
+/// A queued task's row as recovery reads it: id, queue entry, record.
+type QueuedRow = (Vec<u8>, Option<Vec<u8>>, Vec<u8>);
+
+fn id_bytes(id: TaskId) -> Vec<u8> {
+    id.to_bytes().to_vec()
+}
+
+fn task_id(bytes: &[u8]) -> Result<TaskId, StoreError> {
+    let bytes: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| corrupt("task id", format!("{} bytes", bytes.len())))?;
+    Ok(TaskId::from_bytes(bytes))
+}
+
+fn decode_task(bytes: &[u8]) -> Result<Task, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| corrupt("task", e))
+}
+
+fn state_code(state: State) -> i16 {
+    i16::from(state.code())
+}
+
+fn state_of(code: i16) -> Result<State, StoreError> {
+    u8::try_from(code)
+        .ok()
+        .and_then(State::from_code)
+        .ok_or_else(|| corrupt("task", format!("unknown state code {code}")))
+}
+
+fn codes(states: impl Iterator<Item = State>) -> Vec<i16> {
+    states.map(state_code).collect()
+}
+
+/// The columns of task rows a commit writes, one array per column.
+#[derive(Default)]
+struct Rows {
+    ids: Vec<Vec<u8>>,
+    states: Vec<i16>,
+    records: Vec<Vec<u8>>,
+    queue_entries: Vec<Option<Vec<u8>>>,
+    keys: Vec<Option<String>>,
+    callbacks_pending: Vec<bool>,
+    holding: Vec<bool>,
+    updated_at_ms: Vec<i64>,
+    /// For new rows only.
+    payloads: Vec<Vec<u8>>,
+}
+
+impl Rows {
+    fn push(&mut self, task: &Task) -> Result<(), StoreError> {
+        self.ids.push(id_bytes(task.id));
+        self.states.push(state_code(task.state));
+        self.records
+            .push(serde_json::to_vec(task).map_err(|e| corrupt("task", e))?);
+        // A queued task's row carries its queue entry, so queues are rebuilt at start from
+        // those alone.
+        self.queue_entries
+            .push((task.state == State::Queued).then(|| QueueEntry::of(task).encode()));
+        self.keys.push(task.key.clone());
+        self.callbacks_pending.push(task.callback_pending());
+        self.holding.push(
+            task.lease
+                .as_ref()
+                .is_some_and(|lease| lease.holds_place_after_end()),
+        );
+        self.updated_at_ms.push(int8(task.updated_at_ms));
+        Ok(())
+    }
+}
+
+/// A commit as the statements' arrays, built before any connection is taken.
+struct Planned {
+    inserts: Rows,
+    updates: Rows,
+    key_names: Vec<String>,
+    key_tasks: Vec<Vec<u8>>,
+    key_fingerprints: Vec<Vec<u8>>,
+    event_seqs: Vec<i64>,
+    event_times: Vec<i64>,
+    event_bytes: Vec<Vec<u8>>,
+    worker_seqs: Vec<i64>,
+    worker_times: Vec<i64>,
+    worker_bytes: Vec<Vec<u8>>,
+}
+
+fn plan(change: &Change) -> Result<Planned, StoreError> {
+    // One row per task, as the change leaves it.
+    let mut order: Vec<TaskId> = Vec::new();
+    let mut latest: HashMap<TaskId, &Task> = HashMap::new();
+    for write in &change.writes {
+        if latest.insert(write.task.id, &write.task).is_none() {
+            order.push(write.task.id);
+        }
+    }
+    let payloads: HashMap<TaskId, &[u8]> = change
+        .new_tasks
+        .iter()
+        .map(|new| (new.id, new.payload_json.as_slice()))
+        .collect();
+    let mut planned = Planned {
+        inserts: Rows::default(),
+        updates: Rows::default(),
+        key_names: Vec::new(),
+        key_tasks: Vec::new(),
+        key_fingerprints: Vec::new(),
+        event_seqs: Vec::with_capacity(change.events.len()),
+        event_times: Vec::with_capacity(change.events.len()),
+        event_bytes: Vec::with_capacity(change.events.len()),
+        worker_seqs: Vec::new(),
+        worker_times: Vec::new(),
+        worker_bytes: Vec::new(),
+    };
+    for id in &order {
+        let Some(task) = latest.get(id) else { continue };
+        match payloads.get(id) {
+            Some(payload) => {
+                planned.inserts.push(task)?;
+                planned.inserts.payloads.push(payload.to_vec());
+            }
+            None => planned.updates.push(task)?,
+        }
+    }
+    for new in &change.new_tasks {
+        if !latest.contains_key(&new.id) {
+            return Err(corrupt(
+                "commit",
+                format!("new task {} comes without its record", new.id),
+            ));
+        }
+        if let Some((key, record)) = &new.key {
+            planned.key_names.push(key.clone());
+            planned.key_tasks.push(id_bytes(record.task_id));
+            planned.key_fingerprints.push(record.fingerprint.to_vec());
+        }
+    }
+    for event in &change.events {
+        planned.event_seqs.push(int8(event.seq));
+        planned.event_times.push(int8(event.at_ms));
+        planned
+            .event_bytes
+            .push(serde_json::to_vec(event).map_err(|e| corrupt("event", e))?);
+    }
+    for event in &change.worker_events {
+        planned.worker_seqs.push(int8(event.seq));
+        planned.worker_times.push(int8(event.at_ms));
+        planned
+            .worker_bytes
+            .push(serde_json::to_vec(event).map_err(|e| corrupt("worker event", e))?);
+    }
+    Ok(planned)
+}
+
+async fn write(tx: &mut sqlx::PgConnection, planned: Planned) -> Result<(), StoreError> {
+    let Planned {
+        inserts, updates, ..
+    } = &planned;
+    if !inserts.ids.is_empty() {
+        sqlx::query(
+            "INSERT INTO sluice_tasks (id, state, record, payload, queue_entry, idempotency_key, \
+             callback_pending, holds_place, updated_at_ms) \
+             SELECT * FROM UNNEST($1::bytea[], $2::int2[], $3::bytea[], $4::bytea[], \
+             $5::bytea[], $6::text[], $7::bool[], $8::bool[], $9::int8[])",
+        )
+        .bind(&inserts.ids)
+        .bind(&inserts.states)
+        .bind(&inserts.records)
+        .bind(&inserts.payloads)
+        .bind(&inserts.queue_entries)
+        .bind(&inserts.keys)
+        .bind(&inserts.callbacks_pending)
+        .bind(&inserts.holding)
+        .bind(&inserts.updated_at_ms)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !updates.ids.is_empty() {
+        let updated = sqlx::query(
+            "UPDATE sluice_tasks AS t SET state = u.state, record = u.record, \
+             queue_entry = u.queue_entry, callback_pending = u.callback_pending, \
+             holds_place = u.holds_place, updated_at_ms = u.updated_at_ms \
+             FROM UNNEST($1::bytea[], $2::int2[], $3::bytea[], $4::bytea[], $5::bool[], \
+             $6::bool[], $7::int8[]) AS u(id, state, record, queue_entry, callback_pending, \
+             holds_place, updated_at_ms) WHERE t.id = u.id",
+        )
+        .bind(&updates.ids)
+        .bind(&updates.states)
+        .bind(&updates.records)
+        .bind(&updates.queue_entries)
+        .bind(&updates.callbacks_pending)
+        .bind(&updates.holding)
+        .bind(&updates.updated_at_ms)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != updates.ids.len() as u64 {
+            return Err(corrupt(
+                "commit",
+                format!(
+                    "{} of {} changed tasks have no row",
+                    updates.ids.len() as u64 - updated.rows_affected(),
+                    updates.ids.len()
+                ),
+            ));
+        }
+    }
+    if !planned.key_names.is_empty() {
+        sqlx::query(
+            "INSERT INTO sluice_keys (key, task_id, fingerprint) \
+             SELECT * FROM UNNEST($1::text[], $2::bytea[], $3::bytea[])",
+        )
+        .bind(&planned.key_names)
+        .bind(&planned.key_tasks)
+        .bind(&planned.key_fingerprints)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !planned.event_seqs.is_empty() {
+        sqlx::query(
+            "INSERT INTO sluice_events (seq, at_ms, event) \
+             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::bytea[])",
+        )
+        .bind(&planned.event_seqs)
+        .bind(&planned.event_times)
+        .bind(&planned.event_bytes)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !planned.worker_seqs.is_empty() {
+        sqlx::query(
+            "INSERT INTO sluice_worker_events (seq, at_ms, event) \
+             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::bytea[])",
+        )
+        .bind(&planned.worker_seqs)
+        .bind(&planned.worker_times)
+        .bind(&planned.worker_bytes)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}
+
+impl Store for PgStore {
+    fn commit(&self, change: &Change) -> Result<(), StoreError> {
+        self.refuse_if_failed()?;
+        if change.is_empty() {
+            return Ok(());
+        }
+        let epoch = self.epoch()?;
+        let planned = plan(change)?;
+        let pool = self.pool();
+        let committed = self.block(async move {
+            let mut tx = pool.begin().await?;
+            // Durable at the next `sync`, whose own synchronous commit flushes the WAL past
+            // this one.
+            sqlx::query("SET LOCAL synchronous_commit = off")
+                .execute(&mut *tx)
+                .await?;
+            check_epoch(&mut tx, epoch).await?;
+            write(&mut tx, planned).await?;
+            tx.commit().await?;
+            Ok(())
+        });
+        if let Err(StoreError::Failed(reason)) = &committed {
+            self.fail(reason.clone());
+        }
+        committed
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        self.refuse_if_failed()?;
+        let epoch = self.epoch()?;
+        let pool = self.pool();
+        let synced = self.block(async move {
+            let held: Option<i32> = sqlx::query_scalar(
+                "UPDATE sluice_leader SET synced_at = now() WHERE id = 1 AND epoch = $1 RETURNING 1",
+            )
+            .bind(int8(epoch))
+            .fetch_optional(&pool)
+            .await?;
+            match held {
+                Some(_) => Ok(()),
+                None => Err(StoreError::Failed(format!(
+                    "deposed: another replica took the leader lease after epoch {epoch}"
+                ))),
+            }
+        });
+        // As in the embedded store, a sync that did not succeed leaves what is durable unknown:
+        // the store stops, and a restart (or another replica) rebuilds from the database.
+        if let Err(error) = &synced {
+            self.fail(format!("syncing to PostgreSQL: {error}"));
+        }
+        synced
+    }
+
+    fn failed(&self) -> Option<String> {
+        self.failure()
+    }
+
+    fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
+        let pool = self.pool();
+        let record: Option<Vec<u8>> = self.block(async move {
+            Ok(
+                sqlx::query_scalar("SELECT record FROM sluice_tasks WHERE id = $1")
+                    .bind(id_bytes(id))
+                    .fetch_optional(&pool)
+                    .await?,
+            )
+        })?;
+        record.map(|bytes| decode_task(&bytes)).transpose()
+    }
+
+    fn payload(&self, id: TaskId) -> Result<Option<Vec<u8>>, StoreError> {
+        let pool = self.pool();
+        self.block(async move {
+            Ok(
+                sqlx::query_scalar("SELECT payload FROM sluice_tasks WHERE id = $1")
+                    .bind(id_bytes(id))
+                    .fetch_optional(&pool)
+                    .await?,
+            )
+        })
+    }
+
+    fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let pool = self.pool();
+        let key = key.to_owned();
+        let row: Option<(Vec<u8>, Vec<u8>)> = self.block(async move {
+            Ok(
+                sqlx::query_as("SELECT task_id, fingerprint FROM sluice_keys WHERE key = $1")
+                    .bind(key)
+                    .fetch_optional(&pool)
+                    .await?,
+            )
+        })?;
+        row.map(|(task, fingerprint)| {
+            Ok(KeyRecord {
+                task_id: task_id(&task)?,
+                fingerprint: fingerprint
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| corrupt("idempotency key", "short fingerprint"))?,
+            })
+        })
+        .transpose()
+    }
+
+    fn events_of(
+        &self,
+        id: TaskId,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Option<Vec<Event>>, StoreError> {
+        let Some(task) = self.task(id)? else {
+            return Ok(None);
+        };
+        // The task lists its own events; those retention removed are simply not found.
+        let seqs: Vec<i64> = task
+            .event_seqs
+            .iter()
+            .filter(|&&seq| seq > after_seq)
+            .take(limit)
+            .map(|&seq| int8(seq))
+            .collect();
+        if seqs.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        let pool = self.pool();
+        let rows: Vec<Vec<u8>> = self.block(async move {
+            Ok(sqlx::query_scalar(
+                "SELECT event FROM sluice_events WHERE seq = ANY($1) ORDER BY seq",
+            )
+            .bind(seqs)
+            .fetch_all(&pool)
+            .await?)
+        })?;
+        rows.iter()
+            .map(|bytes| serde_json::from_slice(bytes).map_err(|e| corrupt("event log", e)))
+            .collect::<Result<Vec<Event>, _>>()
+            .map(Some)
+    }
+
+    fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
+        let filtered = query.kind.is_some() || query.device.is_some();
+        // Without a filter on the records, the page is the first `limit` rows; with one, up to
+        // the scan budget is read, as in the embedded store.
+        let rows_wanted = if filtered {
+            query.scan_budget
+        } else {
+            query.limit.min(query.scan_budget)
+        }
+        .max(1);
+        let after = query.after.map_or_else(Vec::new, id_bytes);
+        let state = query.state.map(state_code);
+        let pool = self.pool();
+        let fetch = i64::try_from(rows_wanted.saturating_add(1)).unwrap_or(i64::MAX);
+        let rows: Vec<(Vec<u8>, Vec<u8>)> = self.block(async move {
+            let rows =
+                match state {
+                    Some(state) => {
+                        sqlx::query_as(
+                            "SELECT id, record FROM sluice_tasks WHERE state = $1 AND id > $2 \
+                     ORDER BY id LIMIT $3",
+                        )
+                        .bind(state)
+                        .bind(after)
+                        .bind(fetch)
+                        .fetch_all(&pool)
+                        .await?
+                    }
+                    None => sqlx::query_as(
+                        "SELECT id, record FROM sluice_tasks WHERE id > $1 ORDER BY id LIMIT $2",
+                    )
+                    .bind(after)
+                    .bind(fetch)
+                    .fetch_all(&pool)
+                    .await?,
+                };
+            Ok(rows)
+        })?;
+        let mut page = ListPage::default();
+        let mut examined = 0;
+        let mut rows = rows.into_iter().peekable();
+        while let Some((id, record)) = rows.next() {
+            let id = task_id(&id)?;
+            let task = decode_task(&record)?;
+            examined += 1;
+            let wanted = query.kind.as_ref().is_none_or(|k| *k == task.kind)
+                && query.device.as_ref().is_none_or(|d| *d == task.device);
+            if wanted {
+                page.tasks.push(task);
+            }
+            if page.tasks.len() >= query.limit || examined >= rows_wanted {
+                if rows.peek().is_some() {
+                    page.next_after = Some(id);
+                }
+                break;
+            }
+        }
+        Ok(page)
+    }
+
+    fn events_after(&self, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
+        let pool = self.pool();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows: Vec<Vec<u8>> = self.block(async move {
+            Ok(sqlx::query_scalar(
+                "SELECT event FROM sluice_events WHERE seq > $1 ORDER BY seq LIMIT $2",
+            )
+            .bind(int8(after_seq))
+            .bind(limit)
+            .fetch_all(&pool)
+            .await?)
+        })?;
+        rows.iter()
+            .map(|bytes| serde_json::from_slice(bytes).map_err(|e| corrupt("event log", e)))
+            .collect()
+    }
+
+    fn worker_events(&self, after_seq: u64, limit: usize) -> Result<Vec<WorkerEvent>, StoreError> {
+        let pool = self.pool();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows: Vec<Vec<u8>> = self.block(async move {
+            Ok(sqlx::query_scalar(
+                "SELECT event FROM sluice_worker_events WHERE seq > $1 ORDER BY seq LIMIT $2",
+            )
+            .bind(int8(after_seq))
+            .bind(limit)
+            .fetch_all(&pool)
+            .await?)
+        })?;
+        rows.iter()
+            .map(|bytes| serde_json::from_slice(bytes).map_err(|e| corrupt("worker log", e)))
+            .collect()
+    }
+
+    fn recover(&self) -> Result<Recovery, StoreError> {
+        let pool = self.pool();
+        let terminal = codes(State::ALL.into_iter().filter(|s| s.is_terminal()));
+        let queued = state_code(State::Queued);
+        let (heads, counts, queued_rows, live_rows) = self.block(async move {
+            let mut tx = pool.begin().await?;
+            // One snapshot for all of it, so the counts agree with the rows.
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                .execute(&mut *tx)
+                .await?;
+            let heads: (i64, i64, Option<Vec<u8>>) = sqlx::query_as(
+                "SELECT (SELECT coalesce(max(seq), 0) FROM sluice_events), \
+                 (SELECT coalesce(max(seq), 0) FROM sluice_worker_events), \
+                 (SELECT id FROM sluice_tasks ORDER BY id DESC LIMIT 1)",
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            let counts: Vec<(i16, i64)> =
+                sqlx::query_as("SELECT state, count(*) FROM sluice_tasks GROUP BY state")
+                    .fetch_all(&mut *tx)
+                    .await?;
+            let queued_rows: Vec<QueuedRow> = sqlx::query_as(
+                "SELECT id, queue_entry, record FROM sluice_tasks WHERE state = $1 ORDER BY id",
+            )
+            .bind(queued)
+            .fetch_all(&mut *tx)
+            .await?;
+            let live_rows: Vec<Vec<u8>> = sqlx::query_scalar(
+                "SELECT record FROM sluice_tasks WHERE state <> $1 AND NOT (state = ANY($2)) \
+                 ORDER BY id",
+            )
+            .bind(queued)
+            .bind(&terminal)
+            .fetch_all(&mut *tx)
+            .await?;
+            let callbacks: Vec<Vec<u8>> = sqlx::query_scalar(
+                "SELECT record FROM sluice_tasks WHERE callback_pending AND state = ANY($1) \
+                 ORDER BY id",
+            )
+            .bind(&terminal)
+            .fetch_all(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok((heads, counts, queued_rows, [live_rows, callbacks]))
+        })?;
+        let mut recovery = Recovery {
+            last_event_seq: uint8(heads.0, "event log")?,
+            last_worker_event_seq: uint8(heads.1, "worker log")?,
+            last_task_id: heads.2.as_deref().map(task_id).transpose()?,
+            ..Recovery::default()
+        };
+        for (code, count) in counts {
+            recovery.tasks_by_state[usize::from(state_of(code)?.code())] =
+                uint8(count, "task count")?;
+        }
+        for (id, entry, record) in queued_rows {
+            let id = task_id(&id)?;
+            // An entry of another layout: the record says the same, at more cost.
+            match entry.and_then(|bytes| QueueEntry::decode(id, &bytes)) {
+                Some(entry) => recovery.queued.push(entry),
+                None => recovery.live.push(decode_task(&record)?),
+            }
+        }
+        for record in live_rows.iter().flatten() {
+            recovery.live.push(decode_task(record)?);
+        }
+        Ok(recovery)
+    }
+
+    fn first_event_seq(&self) -> Result<u64, StoreError> {
+        let pool = self.pool();
+        let first: Option<i64> = self.block(async move {
+            Ok(sqlx::query_scalar("SELECT min(seq) FROM sluice_events")
+                .fetch_one(&pool)
+                .await?)
+        })?;
+        first.map_or(Ok(1), |seq| uint8(seq, "event log"))
+    }
+
+    fn compact(&self, cutoff_ms: u64, max_tasks: usize) -> Result<Compacted, StoreError> {
+        self.refuse_if_failed()?;
+        let epoch = self.epoch()?;
+        let ended = codes(
+            [
+                State::Completed,
+                State::Failed,
+                State::Dead,
+                State::Cancelled,
+                State::TimedOut,
+            ]
+            .into_iter(),
+        );
+        // Ids start with their creation time: a task created after the cutoff ended after it.
+        let id_bound = id_bytes(TaskId::from_u128(u128::from(cutoff_ms) << 80));
+        let max = i64::try_from(max_tasks).unwrap_or(i64::MAX);
+        let pool = self.pool();
+        let (removed, event_rows, worker_rows) = self.block(async move {
+            let mut tx = pool.begin().await?;
+            check_epoch(&mut tx, epoch).await?;
+            let removed: Vec<(i16, Option<String>, Vec<u8>)> = sqlx::query_as(
+                "DELETE FROM sluice_tasks WHERE id IN (SELECT id FROM sluice_tasks \
+                 WHERE state = ANY($1) AND id < $2 AND updated_at_ms < $3 \
+                 AND NOT callback_pending AND NOT holds_place ORDER BY id LIMIT $4) \
+                 RETURNING state, idempotency_key, id",
+            )
+            .bind(&ended)
+            .bind(&id_bound)
+            .bind(int8(cutoff_ms))
+            .bind(max)
+            .fetch_all(&mut *tx)
+            .await?;
+            let (keys, key_tasks): (Vec<String>, Vec<Vec<u8>>) = removed
+                .iter()
+                .filter_map(|(_, key, id)| key.clone().map(|key| (key, id.clone())))
+                .unzip();
+            if !keys.is_empty() {
+                // Only a key that still names the removed task goes with it.
+                sqlx::query(
+                    "DELETE FROM sluice_keys AS k USING UNNEST($1::text[], $2::bytea[]) \
+                     AS u(key, task_id) WHERE k.key = u.key AND k.task_id = u.task_id",
+                )
+                .bind(&keys)
+                .bind(&key_tasks)
+                .execute(&mut *tx)
+                .await?;
+            }
+            let event_rows = trim_log(&mut tx, "sluice_events", cutoff_ms).await?;
+            let worker_rows = trim_log(&mut tx, "sluice_worker_events", cutoff_ms).await?;
+            tx.commit().await?;
+            Ok((removed, event_rows, worker_rows))
+        })?;
+        let mut compacted = Compacted {
+            tasks: removed.len(),
+            event_blocks: event_rows,
+            worker_events: worker_rows,
+            ..Compacted::default()
+        };
+        for (code, _, _) in &removed {
+            compacted.tasks_by_state[usize::from(state_of(*code)?.code())] += 1;
+        }
+        compacted.more = removed.len() >= max_tasks
+            || event_rows >= MAX_LOG_ENTRIES as usize
+            || worker_rows >= MAX_LOG_ENTRIES as usize;
+        Ok(compacted)
+    }
+}
+
+/// Removes the oldest entries of a log from before the cutoff (at most `MAX_LOG_ENTRIES`),
+/// stopping at the first one after it and always keeping the newest.
+async fn trim_log(
+    tx: &mut sqlx::PgConnection,
+    table: &'static str,
+    cutoff_ms: u64,
+) -> Result<usize, StoreError> {
+    let oldest = sqlx::query(&format!(
+        "SELECT seq, at_ms FROM {table} ORDER BY seq LIMIT {MAX_LOG_ENTRIES}"
+    ))
+    .fetch_all(&mut *tx)
+    .await?;
+    let newest: Option<i64> = sqlx::query_scalar(&format!("SELECT max(seq) FROM {table}"))
+        .fetch_one(&mut *tx)
+        .await?;
+    let mut last_removed = None;
+    let mut count = 0;
+    for row in &oldest {
+        let (seq, at_ms): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+        if Some(seq) == newest || at_ms >= int8(cutoff_ms) {
+            break;
+        }
+        last_removed = Some(seq);
+        count += 1;
+    }
+    if let Some(last) = last_removed {
+        sqlx::query(&format!("DELETE FROM {table} WHERE seq <= $1"))
+            .bind(last)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(count)
+}

@@ -1,0 +1,142 @@
+//! The PostgreSQL store on a real server (`SLUICE_TEST_POSTGRES`, skipped with a line when it is
+//! not set): fencing of a deposed leader, handing the lease over, and what a commit writes.
+
+use super::*;
+use crate::engine::Engine;
+use crate::model::{Limits, Submission, TaskSpec};
+use crate::store::Store;
+
+/// A fresh database, dropped at the end of the test.
+struct Scratch(String);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = drop_scratch_database(&self.0);
+    }
+}
+
+fn scratch() -> Option<Scratch> {
+    match std::env::var("SLUICE_TEST_POSTGRES") {
+        Ok(url) if !url.is_empty() => Some(Scratch(scratch_database(&url, "sluice_unit").unwrap())),
+        _ => {
+            assert!(
+                std::env::var("SLUICE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "SLUICE_REQUIRE_POSTGRES=1 but SLUICE_TEST_POSTGRES is not set"
+            );
+            eprintln!("skipped: SLUICE_TEST_POSTGRES is not set");
+            None
+        }
+    }
+}
+
+fn submission(key: &str) -> Submission {
+    let spec: TaskSpec = serde_json::from_value(serde_json::json!({
+        "kind": "oct.scan", "device": "s1", "key": key, "payload": {"eye": "left"}
+    }))
+    .unwrap();
+    spec.into_submission(None, &Limits::default()).unwrap()
+}
+
+fn plan_create(engine: &mut Engine, now_ms: u64, key: &str) -> crate::model::Change {
+    let submission = submission(key);
+    let admission = submission.native_admission(0);
+    let change = engine.plan_create(now_ms, u128::from(now_ms), &submission, &admission);
+    engine.apply(&change);
+    change
+}
+
+/// Ends `store`'s lease at once, as if it had not renewed it for `LEASE_MS`.
+fn expire_lease(store: &PgStore) {
+    let pool = store.pool();
+    store
+        .block(async move {
+            sqlx::query("UPDATE sluice_leader SET expires_at = '-infinity'")
+                .execute(&pool)
+                .await?;
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_deposed_leaders_late_commit_fails_and_writes_nothing() {
+    let Some(db) = scratch() else { return };
+    let old = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    assert_eq!(old.lead("old", "127.0.0.1:1").unwrap(), 1);
+    let mut engine = Engine::default();
+    let first = plan_create(&mut engine, 1_000, "exam-1");
+    old.commit(&first).unwrap();
+    old.sync().unwrap();
+
+    // Another replica takes over while the old leader still thinks it leads.
+    expire_lease(&old);
+    let new = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    assert_eq!(new.lead("new", "127.0.0.1:2").unwrap(), 2);
+    let late = plan_create(&mut engine, 2_000, "exam-2");
+    let refused = old.commit(&late).unwrap_err();
+    assert!(
+        matches!(&refused, StoreError::Failed(reason) if reason.contains("deposed")),
+        "{refused}"
+    );
+    assert!(
+        old.failed().is_some(),
+        "a deposed store takes no more writes"
+    );
+    assert!(matches!(old.sync(), Err(StoreError::Failed(_))));
+
+    // The new leader sees the first task and nothing of the late one.
+    let recovery = new.recover().unwrap();
+    assert_eq!(recovery.queued.len(), 1);
+    assert_eq!(recovery.last_event_seq, first.events.last().unwrap().seq);
+    assert!(new.key("exam-2").unwrap().is_none());
+    assert_eq!(
+        new.key("exam-1").unwrap().unwrap().task_id,
+        first.writes[0].task.id
+    );
+    assert_eq!(new.leader().unwrap().holder, "new");
+}
+
+#[test]
+fn a_clean_stop_hands_the_lease_over_at_once() {
+    let Some(db) = scratch() else { return };
+    let first = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    first.lead("first", "127.0.0.1:1").unwrap();
+    let standby = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    let info = standby.leader().unwrap();
+    assert!(info.live && info.holder == "first" && info.epoch == 1);
+    assert_eq!(standby.try_lead("standby", "127.0.0.1:2").unwrap(), None);
+    // A store that does not lead refuses to write.
+    assert!(matches!(
+        standby.commit(&plan_create(&mut Engine::default(), 5, "k")),
+        Err(StoreError::Failed(_))
+    ));
+    drop(first);
+    let started = std::time::Instant::now();
+    assert_eq!(standby.lead("standby", "127.0.0.1:2").unwrap(), 2);
+    // Well inside the lease: the stop released it rather than letting it run out.
+    assert!(started.elapsed() < std::time::Duration::from_millis(leader::LEASE_MS));
+}
+
+#[test]
+fn a_duplicate_idempotency_key_fails_the_whole_commit() {
+    let Some(db) = scratch() else { return };
+    let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    store.lead("only", "127.0.0.1:1").unwrap();
+    let first = plan_create(&mut Engine::default(), 1_000, "same");
+    store.commit(&first).unwrap();
+    // An engine that numbers on from the store but does not check keys: the database's
+    // unique constraint refuses the second task.
+    let mut engine = Engine::recover(
+        store.recover().unwrap(),
+        crate::engine::EngineOptions::default(),
+    )
+    .0;
+    let second = plan_create(&mut engine, 2_000, "same");
+    assert!(store.commit(&second).is_err());
+    let recovery = store.recover().unwrap();
+    assert_eq!(recovery.queued.len(), 1);
+    assert_eq!(
+        store.key("same").unwrap().unwrap().task_id,
+        first.writes[0].task.id
+    );
+}
