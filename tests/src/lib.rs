@@ -155,6 +155,99 @@ impl Drop for Server {
     }
 }
 
+/// The backend a test's servers keep their state in. Tests of the engine's semantics run on
+/// each (`on_each_store!`); the PostgreSQL ones need `SLUICE_TEST_POSTGRES`, a `postgres://`
+/// URL of a server on which the tests may create databases (CI starts one).
+pub enum TestStore {
+    Sled,
+    /// A database made for this test, dropped with it.
+    Postgres(String),
+}
+
+impl TestStore {
+    /// A fresh PostgreSQL database, or `None` (with a line saying the test is skipped) when no
+    /// server is configured. With `SLUICE_REQUIRE_POSTGRES=1` (CI) a missing one fails.
+    pub fn postgres() -> Option<TestStore> {
+        let Some(url) = std::env::var("SLUICE_TEST_POSTGRES")
+            .ok()
+            .filter(|url| !url.is_empty())
+        else {
+            assert!(
+                std::env::var("SLUICE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "SLUICE_REQUIRE_POSTGRES=1 but SLUICE_TEST_POSTGRES is not set"
+            );
+            eprintln!(
+                "skipped on PostgreSQL: set SLUICE_TEST_POSTGRES to a postgres:// URL of a server where tests may create databases"
+            );
+            return None;
+        };
+        let database = sluice::store::postgres::scratch_database(&url, "sluice_test")
+            .unwrap_or_else(|error| panic!("cannot make a test database on {url}: {error}"));
+        Some(TestStore::Postgres(database))
+    }
+
+    /// The flags that point `sluice serve` at this store (beside its data directory, which
+    /// it still uses for nothing else).
+    pub fn args(&self) -> Vec<String> {
+        match self {
+            TestStore::Sled => Vec::new(),
+            TestStore::Postgres(url) => vec!["--store".into(), url.clone()],
+        }
+    }
+
+    pub fn start(&self, data_dir: &Path) -> Server {
+        self.start_with(data_dir, &[])
+    }
+
+    pub fn start_with(&self, data_dir: &Path, extra_args: &[&str]) -> Server {
+        self.launch(data_dir, extra_args, &[("SLUICE_LOG", "warn")], None)
+    }
+
+    pub fn launch(
+        &self,
+        data_dir: &Path,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+        log_file: Option<&Path>,
+    ) -> Server {
+        let store_args = self.args();
+        let mut args: Vec<&str> = store_args.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra_args);
+        Server::launch(data_dir, &args, env, log_file)
+    }
+}
+
+impl Drop for TestStore {
+    fn drop(&mut self) {
+        if let TestStore::Postgres(url) = self
+            && let Err(error) = sluice::store::postgres::drop_scratch_database(url)
+        {
+            eprintln!("cannot drop the test database {url}: {error}");
+        }
+    }
+}
+
+/// Runs `scenario(store)` as two tests, `scenario::sled` and `scenario::postgres` (the second
+/// skipped with a line when no PostgreSQL is configured).
+#[macro_export]
+macro_rules! on_each_store {
+    ($scenario:ident) => {
+        mod $scenario {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sled() {
+                super::$scenario($crate::TestStore::Sled).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                if let Some(store) = $crate::TestStore::postgres() {
+                    super::$scenario(store).await
+                }
+            }
+        }
+    };
+}
+
 /// Writes `data` as a C-order `.npy` of little-endian f32 with `dim` columns.
 pub fn write_npy(path: &Path, dim: usize, data: &[f32]) {
     let rows = data.len() / dim;

@@ -27,11 +27,14 @@ async fn cancel(client: &reqwest::Client, server: &Server, id: &str) {
     assert_eq!(cancelled.body["state"], "cancelled");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_running_task_is_stopped_by_the_worker_before_its_gpu_takes_another() {
+on_each_store!(a_cancelled_running_task_is_stopped_by_the_worker_before_its_gpu_takes_another);
+
+async fn a_cancelled_running_task_is_stopped_by_the_worker_before_its_gpu_takes_another(
+    store: TestStore,
+) {
     let dir = tempfile::tempdir().unwrap();
     // Lease heartbeats every second; a task runs ten minutes unless stopped.
-    let server = Server::start_with(dir.path(), &["--lease-ms", "3000"]);
+    let server = store.start_with(dir.path(), &["--lease-ms", "3000"]);
     let worker = Worker::start(
         &server,
         "gpu-0",

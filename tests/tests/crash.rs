@@ -136,18 +136,19 @@ async fn check_nothing_lost_or_doubled(server: &Server, acked: &HashMap<String, 
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigkill_during_submissions_loses_and_duplicates_nothing() {
+on_each_store!(sigkill_during_submissions_loses_and_duplicates_nothing);
+
+async fn sigkill_during_submissions_loses_and_duplicates_nothing(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
     let mut acked = HashMap::new();
     let mut tried = Vec::new();
-    let mut server = Server::start(dir.path());
+    let mut server = store.start(dir.path());
     for round in 0..ROUNDS {
         let (round_acked, round_tried) = submit_then_stop(server, round, Stop::Kill).await;
         assert!(round_acked.len() >= ACKED_BEFORE_KILL);
         acked.extend(round_acked);
         tried.extend(round_tried);
-        server = Server::start(dir.path());
+        server = store.start(dir.path());
         check_nothing_lost_or_doubled(&server, &acked).await;
     }
 
@@ -183,12 +184,13 @@ async fn sigkill_during_submissions_loses_and_duplicates_nothing() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigterm_under_load_exits_cleanly_and_keeps_everything_acknowledged() {
+on_each_store!(sigterm_under_load_exits_cleanly_and_keeps_everything_acknowledged);
+
+async fn sigterm_under_load_exits_cleanly_and_keeps_everything_acknowledged(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = store.start(dir.path());
     let (acked, tried) = submit_then_stop(server, 0, Stop::Terminate).await;
-    let server = Server::start(dir.path());
+    let server = store.start(dir.path());
     check_nothing_lost_or_doubled(&server, &acked).await;
     let stored = all_tasks(&http(), &server).await;
     assert!(stored.len() >= acked.len() && stored.len() <= tried.len());

@@ -3,10 +3,15 @@
 
 use sluice_tests::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_zombie_reporting_with_its_expired_token_gets_409_and_the_new_attempt_is_undisturbed() {
+on_each_store!(
+    a_zombie_reporting_with_its_expired_token_gets_409_and_the_new_attempt_is_undisturbed
+);
+
+async fn a_zombie_reporting_with_its_expired_token_gets_409_and_the_new_attempt_is_undisturbed(
+    store: TestStore,
+) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(
+    let server = store.start_with(
         dir.path(),
         &[
             "--lease-ms",
@@ -123,10 +128,11 @@ async fn a_zombie_reporting_with_its_expired_token_gets_409_and_the_new_attempt_
     assert_eq!(completions, 1, "{details:#?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_says_how_long_its_long_poll_waited_for_work() {
+on_each_store!(a_claim_says_how_long_its_long_poll_waited_for_work);
+
+async fn a_claim_says_how_long_its_long_poll_waited_for_work(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = store.start(dir.path());
     let client = http();
     register_worker(&client, &server, "gpu-1", 1).await;
     let submit = |priority: &'static str| {
@@ -176,10 +182,11 @@ async fn a_claim_says_how_long_its_long_poll_waited_for_work() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_reports_and_claims_are_refused_with_problems() {
+on_each_store!(bad_reports_and_claims_are_refused_with_problems);
+
+async fn bad_reports_and_claims_are_refused_with_problems(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = store.start(dir.path());
     let client = http();
     let submitted = post_json(
         &client,
@@ -264,10 +271,13 @@ async fn bad_reports_and_claims_are_refused_with_problems() {
     assert_problem(&reset_unknown, 404, "worker-not-found");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_completion_callback_is_retried_until_delivered_and_each_attempt_is_an_event() {
+on_each_store!(a_completion_callback_is_retried_until_delivered_and_each_attempt_is_an_event);
+
+async fn a_completion_callback_is_retried_until_delivered_and_each_attempt_is_an_event(
+    store: TestStore,
+) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(dir.path(), &["--callback-allow", "127.0.0.1"]);
+    let server = store.start_with(dir.path(), &["--callback-allow", "127.0.0.1"]);
     let client = http();
     let (url, mut bodies) = callback_receiver(vec![500, 200], None).await;
     let submitted = post_json(
@@ -334,10 +344,11 @@ async fn a_completion_callback_is_retried_until_delivered_and_each_attempt_is_an
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_of_reports_is_answered_item_by_item() {
+on_each_store!(a_batch_of_reports_is_answered_item_by_item);
+
+async fn a_batch_of_reports_is_answered_item_by_item(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = store.start(dir.path());
     let client = http();
     for _ in 0..2 {
         post_json(

@@ -7,11 +7,14 @@ use std::time::{Duration, Instant};
 
 const TASKS: usize = 20;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_under_load_lets_running_work_finish_then_exits_zero_and_loses_nothing() {
+on_each_store!(sigterm_under_load_lets_running_work_finish_then_exits_zero_and_loses_nothing);
+
+async fn sigterm_under_load_lets_running_work_finish_then_exits_zero_and_loses_nothing(
+    store: TestStore,
+) {
     let dir = tempfile::tempdir().unwrap();
     let drain_timeout = Duration::from_secs(20);
-    let server = Server::start_with(dir.path(), &["--drain-timeout-ms", "20000"]);
+    let server = store.start_with(dir.path(), &["--drain-timeout-ms", "20000"]);
     let client = http();
     for n in 0..TASKS {
         let answer = post_json(
@@ -68,7 +71,7 @@ async fn sigterm_under_load_lets_running_work_finish_then_exits_zero_and_loses_n
     drop(worker);
 
     // After a restart every task is there: the two in flight completed, none half-done.
-    let server = Server::start(dir.path());
+    let server = store.start(dir.path());
     let tasks = all_tasks(&client, &server).await;
     assert_eq!(tasks.len(), TASKS);
     for task in &tasks {
@@ -91,10 +94,11 @@ async fn sigterm_under_load_lets_running_work_finish_then_exits_zero_and_loses_n
     worker.terminate();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_outlives_a_restart_and_its_holder_completes_normally() {
+on_each_store!(a_lease_outlives_a_restart_and_its_holder_completes_normally);
+
+async fn a_lease_outlives_a_restart_and_its_holder_completes_normally(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(dir.path(), &["--drain-timeout-ms", "0"]);
+    let server = store.start_with(dir.path(), &["--drain-timeout-ms", "0"]);
     let client = http();
     let submitted = post_json(
         &client,
@@ -123,7 +127,7 @@ async fn a_lease_outlives_a_restart_and_its_holder_completes_normally() {
     let status = server.terminate();
     assert!(status.success());
 
-    let server = Server::start(dir.path());
+    let server = store.start(dir.path());
     let task = get_json(&client, &server.endpoint(&format!("/v1/tasks/{id}"))).await;
     assert_eq!(task.body["state"], "claimed");
     let done = post_json(

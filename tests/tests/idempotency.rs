@@ -4,10 +4,11 @@ use sluice_tests::*;
 use std::sync::Arc;
 use tokio::sync::Barrier;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_hundred_concurrent_resends_make_exactly_one_task() {
+on_each_store!(two_hundred_concurrent_resends_make_exactly_one_task);
+
+async fn two_hundred_concurrent_resends_make_exactly_one_task(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = store.start(dir.path());
     let client = http();
     let body = json!({"kind": "oct.analyze", "priority": "urgent", "device": "scanner-7",
                       "tenant": "site-a", "key": "exam-4711", "payload": {"eye": "left", "frames": 512}});
@@ -60,10 +61,11 @@ async fn two_hundred_concurrent_resends_make_exactly_one_task() {
     assert_eq!(all_tasks(&client, &server).await.len(), 1);
 }
 
-#[tokio::test]
-async fn the_key_may_come_from_the_header_and_must_agree_with_the_body() {
+on_each_store!(the_key_may_come_from_the_header_and_must_agree_with_the_body);
+
+async fn the_key_may_come_from_the_header_and_must_agree_with_the_body(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+    let server = store.start(dir.path());
     let client = http();
     let url = server.endpoint("/v1/tasks");
     let body = json!({"kind": "embedding.lookup", "payload": {"k": 10}});

@@ -2,10 +2,11 @@
 
 use sluice_tests::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn submit_read_cancel_list_and_restart() {
+on_each_store!(submit_read_cancel_list_and_restart);
+
+async fn submit_read_cancel_list_and_restart(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(dir.path(), &["--callback-allow", "127.0.0.1"]);
+    let server = store.start_with(dir.path(), &["--callback-allow", "127.0.0.1"]);
     let client = http();
     let tasks_url = server.endpoint("/v1/tasks");
 
@@ -172,7 +173,7 @@ async fn submit_read_cancel_list_and_restart() {
     );
 
     // After a clean restart everything is as it was.
-    let server = Server::start_with(dir.path(), &["--callback-allow", "127.0.0.1"]);
+    let server = store.start_with(dir.path(), &["--callback-allow", "127.0.0.1"]);
     let after = get_json(&client, &server.endpoint(&format!("/v1/tasks/{id}"))).await;
     assert_eq!(after.body["state"], "cancelled");
     assert_eq!(after.body["payload"], spec["payload"]);

@@ -34,11 +34,12 @@ async fn status_of(client: &reqwest::Client, server: &Server, id: &str) -> u16 {
         .status
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ended_tasks_go_after_the_retention_with_their_keys_and_events() {
+on_each_store!(ended_tasks_go_after_the_retention_with_their_keys_and_events);
+
+async fn ended_tasks_go_after_the_retention_with_their_keys_and_events(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
     let args = ["--retention-ms", "1000", "--callback-allow", "127.0.0.1"];
-    let server = Server::start_with(dir.path(), &args);
+    let server = store.start_with(dir.path(), &args);
     let client = http();
     register_worker(&client, &server, "w", 64).await;
     let mut ended = Vec::new();
@@ -110,7 +111,7 @@ async fn ended_tasks_go_after_the_retention_with_their_keys_and_events() {
         stats.body
     );
     drop(server);
-    let server = Server::start_with(dir.path(), &args);
+    let server = store.start_with(dir.path(), &args);
     let stats = get_json(&client, &server.endpoint("/v1/stats")).await;
     assert_eq!(
         stats.body["tasks_by_state"]["completed"], 1,

@@ -106,12 +106,15 @@ fn cli(server: &Server, args: &[&str]) -> Value {
 }
 
 /// A temporary folder holding the data set as .npy, and a server started with `args`.
-fn start(args: &[&str]) -> (tempfile::TempDir, Vec<f32>, std::path::PathBuf, Server) {
+fn start(
+    store: &TestStore,
+    args: &[&str],
+) -> (tempfile::TempDir, Vec<f32>, std::path::PathBuf, Server) {
     let dir = tempfile::tempdir().unwrap();
     let data = dataset();
     let file = dir.path().join("vectors.npy");
     write_npy(&file, DIM, &data);
-    let server = Server::start_with(&dir.path().join("db"), args);
+    let server = store.start_with(&dir.path().join("db"), args);
     (dir, data, file, server)
 }
 
@@ -138,9 +141,12 @@ fn shard_worker(
     Worker::start(server, &format!("shard-{index}"), &args)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn split_queries_equal_exact_search_and_a_merge_policy_swap_applies_to_the_next_query() {
-    let (_dir, data, file, server) = start(&["--policy-config", "split.shards=3"]);
+on_each_store!(split_queries_equal_exact_search_and_a_merge_policy_swap_applies_to_the_next_query);
+
+async fn split_queries_equal_exact_search_and_a_merge_policy_swap_applies_to_the_next_query(
+    store: TestStore,
+) {
+    let (_dir, data, file, server) = start(&store, &["--policy-config", "split.shards=3"]);
     let _workers: Vec<Worker> = (0..3)
         .map(|i| shard_worker(&server, &file, i, 3, &[]))
         .collect();
@@ -207,8 +213,10 @@ async fn split_queries_equal_exact_search_and_a_merge_policy_swap_applies_to_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_worker_killed_mid_query_gives_a_partial_answer_or_a_failure_naming_the_shard() {
-    let (_dir, data, file, server) =
-        start(&["--lease-ms", "1000", "--policy-config", "split.shards=2"]);
+    let (_dir, data, file, server) = start(
+        &TestStore::Sled,
+        &["--lease-ms", "1000", "--policy-config", "split.shards=2"],
+    );
     let _shard0 = shard_worker(&server, &file, 0, 2, &[]);
     // Shard 1's worker holds its children until it is killed.
     let shard1 = shard_worker(&server, &file, 1, 2, &["--exec-ms", "600000"]);
@@ -254,11 +262,15 @@ async fn a_shard_worker_killed_mid_query_gives_a_partial_answer_or_a_failure_nam
     assert!(message.contains("shard 1"), "{message}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_queries_and_refused_splits_create_nothing_and_a_cancelled_parent_cancels_its_children()
-{
+on_each_store!(
+    bad_queries_and_refused_splits_create_nothing_and_a_cancelled_parent_cancels_its_children
+);
+
+async fn bad_queries_and_refused_splits_create_nothing_and_a_cancelled_parent_cancels_its_children(
+    store: TestStore,
+) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start_with(dir.path(), &["--policy-config", "split.shards=2"]);
+    let server = store.start_with(dir.path(), &["--policy-config", "split.shards=2"]);
     let client = http();
     for payload in [
         json!({"vector": []}),
