@@ -96,6 +96,9 @@ pub struct ServeConfig {
     /// A `postgres://` URL: keep the state in that database, shared with other replicas,
     /// instead of sled in `data_dir`.
     pub store: Option<String>,
+    /// `host:port` other replicas reach this one's API at (written to the leader lease);
+    /// the bound listen address when unset.
+    pub advertise: Option<String>,
 }
 
 impl Default for ServeConfig {
@@ -142,6 +145,7 @@ impl Default for ServeConfig {
             tls_cert: None,
             tls_key: None,
             store: None,
+            advertise: None,
         }
     }
 }
@@ -188,6 +192,7 @@ pub struct FileConfig {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub store: Option<String>,
+    pub advertise: Option<String>,
     /// `[policies.<kind>]` tables: each policy's settings, e.g.
     /// `[policies.retry] initial_delay_ms = 300000`.
     #[serde(default)]
@@ -232,9 +237,16 @@ pub struct Overrides {
     pub device_rate_per_s: Option<u32>,
     pub device_burst: Option<u32>,
     pub store: Option<String>,
+    pub advertise: Option<String>,
 }
 
 impl ServeConfig {
+    /// The address replicas forward to while this one leads: `advertise`, or the address it
+    /// is bound to (`bound`, which knows the port that port 0 picked).
+    pub fn advertised_address(&self, bound: SocketAddr) -> String {
+        self.advertise.clone().unwrap_or_else(|| bound.to_string())
+    }
+
     pub fn resolve(file: FileConfig, overrides: Overrides) -> Result<ServeConfig, ConfigError> {
         let defaults = ServeConfig::default();
         let policy_configs = policy_configs(&file.policies, &overrides.policy_settings)?;
@@ -343,6 +355,7 @@ impl ServeConfig {
             tls_cert: overrides.tls_cert.or(file.tls_cert),
             tls_key: overrides.tls_key.or(file.tls_key),
             store: overrides.store.or(file.store),
+            advertise: overrides.advertise.or(file.advertise),
         };
         config.check()?;
         Ok(config)
@@ -475,6 +488,22 @@ impl ServeConfig {
             return Err(invalid(
                 "store",
                 "must be a postgres:// URL; leave it unset for the embedded store in data_dir",
+            ));
+        }
+        if let Some(advertise) = &self.advertise {
+            let port = advertise
+                .rsplit_once(':')
+                .map(|(_, port)| port.parse::<u16>());
+            if advertise.len() > 255 || advertise.contains('/') || !matches!(port, Some(Ok(_))) {
+                return Err(invalid(
+                    "advertise",
+                    "must be host:port, as other replicas reach this one (no scheme, no path)",
+                ));
+            }
+        } else if self.store.is_some() && self.listen.ip().is_unspecified() {
+            return Err(invalid(
+                "advertise",
+                "set it (host:port other replicas reach this one at) when listen is 0.0.0.0 or [::] and the store is PostgreSQL",
             ));
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {

@@ -15,6 +15,7 @@ pub mod experiment;
 pub mod model;
 pub mod policy;
 pub mod replay;
+pub mod replica;
 pub mod scheduler;
 pub mod server;
 pub mod sim;

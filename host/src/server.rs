@@ -69,8 +69,7 @@ struct Stores {
     access: Arc<dyn AccessCatalog>,
 }
 
-fn shared<S: Store + PolicyCatalog + AccessCatalog>(store: S) -> Stores {
-    let store = Arc::new(store);
+fn shared<S: Store + PolicyCatalog + AccessCatalog>(store: Arc<S>) -> Stores {
     Stores {
         tasks: store.clone(),
         policies: store.clone(),
@@ -83,23 +82,54 @@ fn shared<S: Store + PolicyCatalog + AccessCatalog>(store: S) -> Stores {
 /// a time.
 fn open_stores(config: &ServeConfig) -> Result<Stores, ServerError> {
     let Some(url) = &config.store else {
-        return Ok(shared(SledStore::open(
+        return Ok(shared(Arc::new(SledStore::open(
             &config.data_dir,
             &SledOptions {
                 cache_capacity_bytes: config.cache_capacity_bytes,
                 fdatasync: config.fdatasync,
                 min_free_disk_bytes: config.min_free_disk_bytes,
             },
-        )?));
+        )?)));
     };
     let store = PgStore::open(url, &PgOptions::default())?;
-    let holder = format!(
+    store.lead(&lease_holder(), &config.advertised_address(config.listen))?;
+    Ok(shared(Arc::new(store)))
+}
+
+/// A name for this process in the leader lease, unique across restarts and machines.
+pub(crate) fn lease_holder() -> String {
+    format!(
         "{}:{}",
         std::process::id(),
         ulid::Ulid::new().to_string().to_lowercase()
+    )
+}
+
+/// The API's request bounds, from the configuration (its `callback_allow` parsed already).
+pub(crate) fn api_limits(
+    config: &ServeConfig,
+    callback_allow: crate::model::CallbackAllow,
+) -> ApiLimits {
+    let mut limits = ApiLimits::new(
+        Limits {
+            max_payload_bytes: config.max_payload_bytes,
+            callback_allow,
+        },
+        config.max_batch_body_bytes,
+        config.inflight_body_bytes,
+        config.max_policy_bytes,
     );
-    store.lead(&holder, &config.listen.to_string())?;
-    Ok(shared(store))
+    limits.max_claim_wait = Duration::from_millis(config.max_claim_wait_ms);
+    limits.max_result_bytes = config.max_result_bytes;
+    limits.policy_data_bytes = config.max_policy_data_bytes;
+    limits.max_requests_in_flight = config.max_requests_in_flight;
+    limits.request_timeout = Duration::from_millis(config.request_timeout_ms);
+    let nonzero = |n: u32| std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN);
+    limits.device_rate = api::guard::DeviceRate {
+        rate_per_s: nonzero(config.device_rate_per_s),
+        burst: nonzero(config.device_burst),
+    };
+    limits
 }
 
 pub struct Server {
@@ -121,11 +151,32 @@ pub enum AuthMode {
     Disabled,
 }
 
+impl AuthMode {
+    pub(crate) fn of(insecure_no_auth: bool, tokens_enforced: bool) -> AuthMode {
+        if insecure_no_auth {
+            AuthMode::Disabled
+        } else if tokens_enforced {
+            AuthMode::Tokens
+        } else {
+            AuthMode::Open
+        }
+    }
+}
+
 impl Server {
     /// Opens (or creates) the data directory and rebuilds the scheduler's state from it. This
     /// can take seconds with millions of tasks; the server is ready once it returns.
     pub fn open(config: &ServeConfig) -> Result<Server, ServerError> {
-        let stores = open_stores(config)?;
+        Self::assemble(config, open_stores(config)?)
+    }
+
+    /// Opens the server on a PostgreSQL store this process already leads (`replica`): the
+    /// engine is rebuilt from the database.
+    pub fn open_leading(config: &ServeConfig, store: Arc<PgStore>) -> Result<Server, ServerError> {
+        Self::assemble(config, shared(store))
+    }
+
+    fn assemble(config: &ServeConfig, stores: Stores) -> Result<Server, ServerError> {
         let gate = Arc::new(Gate::open(
             stores.access,
             config.admin_token_sha256.clone(),
@@ -185,25 +236,7 @@ impl Server {
                 ..SchedulerOptions::default()
             },
         )?;
-        let mut limits = ApiLimits::new(
-            Limits {
-                max_payload_bytes: config.max_payload_bytes,
-                callback_allow: callback_allow.clone(),
-            },
-            config.max_batch_body_bytes,
-            config.inflight_body_bytes,
-            config.max_policy_bytes,
-        );
-        limits.max_claim_wait = Duration::from_millis(config.max_claim_wait_ms);
-        limits.max_result_bytes = config.max_result_bytes;
-        limits.policy_data_bytes = config.max_policy_data_bytes;
-        limits.max_requests_in_flight = config.max_requests_in_flight;
-        limits.request_timeout = Duration::from_millis(config.request_timeout_ms);
-        let nonzero = |n: u32| std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN);
-        limits.device_rate = api::guard::DeviceRate {
-            rate_per_s: nonzero(config.device_rate_per_s),
-            burst: nonzero(config.device_burst),
-        };
+        let limits = api_limits(config, callback_allow.clone());
         Ok(Server {
             state: AppState::new(
                 Arc::new(scheduler),
@@ -221,13 +254,7 @@ impl Server {
     }
 
     pub fn auth_mode(&self) -> AuthMode {
-        if self.insecure_no_auth {
-            AuthMode::Disabled
-        } else if self.state.gate.is_enforced() {
-            AuthMode::Tokens
-        } else {
-            AuthMode::Open
-        }
+        AuthMode::of(self.insecure_no_auth, self.state.gate.is_enforced())
     }
 
     /// `https` when a certificate is configured, else `http`.

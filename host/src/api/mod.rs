@@ -5,6 +5,7 @@ mod batch;
 mod events;
 mod experiments;
 mod extract;
+pub mod forward;
 pub mod guard;
 mod metrics;
 mod openapi;

@@ -62,6 +62,8 @@ pub enum ApiError {
     Overloaded,
     #[error("the server is draining for shutdown; retry against another replica or later")]
     Draining,
+    #[error("{0}")]
+    NoLeader(String),
     #[error(transparent)]
     PolicyKindNotFound(#[from] UnknownKind),
     #[error("{0}")]
@@ -214,6 +216,7 @@ impl ApiError {
             ),
             Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "overloaded", "Overloaded"),
             Draining => (StatusCode::SERVICE_UNAVAILABLE, "draining", "Draining"),
+            NoLeader(_) => (StatusCode::SERVICE_UNAVAILABLE, "no-leader", "No leader"),
             PolicyKindNotFound(_) => (
                 StatusCode::NOT_FOUND,
                 "policy-kind-not-found",
@@ -322,6 +325,7 @@ impl ApiError {
         match self {
             ApiError::Overloaded => Some(1),
             ApiError::Draining => Some(5),
+            ApiError::NoLeader(_) => Some(1),
             ApiError::PolicyUnavailable(_) => Some(1),
             ApiError::InsufficientStorage(_) => Some(5),
             ApiError::RateLimited { retry_after_s, .. } => Some(*retry_after_s),
@@ -448,10 +452,13 @@ impl IntoResponse for ApiError {
         let problem = self.problem();
         // A full disk refuses every write until space is freed: the writer says so once, not
         // once a request.
-        // So does a flood past the in-flight bound (its counter is in /metrics).
+        // So does a flood past the in-flight bound (its counter is in /metrics), and a
+        // follower between leaders (the lease change is logged where it happens).
         let repeats = matches!(
             self,
-            ApiError::InsufficientStorage(_) | ApiError::TooManyRequestsInFlight
+            ApiError::InsufficientStorage(_)
+                | ApiError::TooManyRequestsInFlight
+                | ApiError::NoLeader(_)
         );
         if problem.status >= 500 && !repeats {
             tracing::error!(error = %self, "request failed");

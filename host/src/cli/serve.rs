@@ -2,6 +2,7 @@
 
 use anyhow::Context;
 use sluice::config::{FileConfig, Overrides, ServeConfig};
+use sluice::replica::{self, Role};
 use sluice::server::{AuthMode, Server};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -19,6 +20,10 @@ pub struct ServeArgs {
     /// may share, instead of sled in --data-dir [default: none]
     #[arg(long, env = "SLUICE_STORE", hide_env_values = true)]
     store: Option<String>,
+    /// host:port other replicas reach this one's API at, with --store [default: the bound
+    /// listen address]
+    #[arg(long, env = "SLUICE_ADVERTISE")]
+    advertise: Option<String>,
     /// Address to listen on; port 0 picks a free port [default: 127.0.0.1:7700]
     #[arg(long, env = "SLUICE_LISTEN")]
     listen: Option<SocketAddr>,
@@ -102,38 +107,91 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tls_cert: args.tls_cert,
         tls_key: args.tls_key,
         store: args.store,
+        advertise: args.advertise,
         device_rate_per_s: args.device_rate_per_s,
         device_burst: args.device_burst,
     };
     let config = ServeConfig::resolve(file, overrides)?;
-    let data_dir = match &config.store {
-        Some(url) => sluice::store::postgres::redacted(url),
-        None => config.data_dir.display().to_string(),
-    };
+    if config.store.is_some() {
+        return serve_replica(config).await;
+    }
+    let data_dir = config.data_dir.display().to_string();
     let server = tokio::task::spawn_blocking(move || Server::open(&config).map(|s| (s, config)))
         .await
         .context("opening the store")??;
     let (server, config) = server;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let listener = bind(config.listen).await?;
     let address = listener.local_addr()?;
-    let auth = match server.auth_mode() {
+    let auth = auth_words(server.auth_mode());
+    tracing::info!(%address, data_dir, auth, "ready");
+    announce(server.scheme(), address, auth)?;
+    server.run(listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// One replica on a PostgreSQL store: bound first, so that the lease names the address it
+/// serves; then leading, or following until it takes the lease over.
+async fn serve_replica(config: ServeConfig) -> anyhow::Result<()> {
+    let listener = bind(config.listen).await?;
+    let address = listener.local_addr()?;
+    let store = config
+        .store
+        .as_deref()
+        .map(sluice::store::postgres::redacted)
+        .unwrap_or_default();
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        stop.send_replace(true);
+    });
+    let until_stopped = |mut stopping: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopping.wait_for(|stop| *stop).await;
+    };
+    let config_for_start = config.clone();
+    let role = tokio::task::spawn_blocking(move || replica::start(&config_for_start, address))
+        .await
+        .context("opening the store")??;
+    let (server, listener) = match role {
+        Role::Leading(server) => {
+            let auth = auth_words(server.auth_mode());
+            tracing::info!(%address, store, auth, "ready, leading");
+            announce(server.scheme(), address, auth)?;
+            (server, listener)
+        }
+        Role::Following(follower) => {
+            let auth = auth_words(follower.auth_mode());
+            tracing::info!(%address, store, auth, leader = follower.leader_address(), "ready, following");
+            announce(follower.scheme(), address, auth)?;
+            match follower.run(listener, stopping.clone()).await? {
+                Some(taken_over) => taken_over,
+                None => return Ok(()),
+            }
+        }
+    };
+    server.run(listener, until_stopped(stopping)).await?;
+    Ok(())
+}
+
+async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))
+}
+
+fn auth_words(mode: AuthMode) -> &'static str {
+    match mode {
         AuthMode::Tokens => "auth: bearer tokens",
         AuthMode::Open => "auth: off (loopback, no token configured)",
         AuthMode::Disabled => "auth: DISABLED by --insecure-no-auth",
-    };
-    tracing::info!(%address, data_dir, auth, "ready");
-    // The one line on stdout: tools and tests read the bound address from its first word
-    // after `listening on`.
+    }
+}
+
+/// The one line on stdout: tools and tests read the bound address from its first word after
+/// `listening on`.
+fn announce(scheme: &str, address: SocketAddr, auth: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout();
-    writeln!(
-        stdout,
-        "listening on {}://{address} ({auth})",
-        server.scheme()
-    )?;
+    writeln!(stdout, "listening on {scheme}://{address} ({auth})")?;
     stdout.flush()?;
-    server.run(listener, shutdown_signal()).await?;
     Ok(())
 }
 

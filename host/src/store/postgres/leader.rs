@@ -35,6 +35,9 @@ pub struct LeaderInfo {
     pub epoch: u64,
     /// Whether the lease is still running.
     pub live: bool,
+    /// When it runs out, in ms since the Unix epoch by the database's clock (0 for a lease
+    /// given up): a renewal moves it on, so a reader can tell a live leader from a dead one.
+    pub expires_at_ms: u64,
 }
 
 impl PgStore {
@@ -42,22 +45,26 @@ impl PgStore {
     pub fn leader(&self) -> Result<LeaderInfo, StoreError> {
         let pool = self.pool();
         self.block(async move {
-            let (holder, address, epoch, live): (String, String, i64, bool) = sqlx::query_as(
-                "SELECT holder, address, epoch, expires_at > now() FROM sluice_leader WHERE id = 1",
-            )
-            .fetch_one(&pool)
-            .await?;
+            let (holder, address, epoch, live, expires_at_ms): (String, String, i64, bool, i64) =
+                sqlx::query_as(
+                    "SELECT holder, address, epoch, expires_at > now(), \
+                     floor(extract(epoch FROM greatest(expires_at, 'epoch')) * 1000)::int8 \
+                     FROM sluice_leader WHERE id = 1",
+                )
+                .fetch_one(&pool)
+                .await?;
             Ok(LeaderInfo {
                 holder,
                 address,
                 epoch: uint8(epoch, "leader lease")?,
                 live,
+                expires_at_ms: uint8(expires_at_ms, "leader lease")?,
             })
         })
     }
 
     /// Takes the lease if it has run out; the new epoch, or `None` while another holds it.
-    pub(super) fn try_lead(&self, holder: &str, address: &str) -> Result<Option<u64>, StoreError> {
+    fn try_lead(&self, holder: &str, address: &str) -> Result<Option<u64>, StoreError> {
         let pool = self.pool();
         let (holder, address) = (holder.to_owned(), address.to_owned());
         self.block(async move {
@@ -79,16 +86,24 @@ impl PgStore {
     /// it renewed; the fencing epoch. `address` is this replica's API, for followers.
     pub fn lead(&self, holder: &str, address: &str) -> Result<u64, StoreError> {
         let mut told: Option<LeaderInfo> = None;
-        let epoch = loop {
-            if let Some(epoch) = self.try_lead(holder, address)? {
-                break epoch;
+        loop {
+            if let Some(epoch) = self.take_lead(holder, address)? {
+                return Ok(epoch);
             }
             let now = self.leader()?;
-            if told.as_ref() != Some(&now) {
+            if told.as_ref().map(|t| (&t.holder, t.epoch)) != Some((&now.holder, now.epoch)) {
                 tracing::info!(leader = %now.holder, address = %now.address, epoch = now.epoch, "waiting for the leader lease");
                 told = Some(now);
             }
             std::thread::sleep(Duration::from_millis(RENEW_MS / 4));
+        }
+    }
+
+    /// Takes the lease if it has run out and from then on keeps it renewed: the fencing epoch,
+    /// or `None` while another replica holds it.
+    pub fn take_lead(&self, holder: &str, address: &str) -> Result<Option<u64>, StoreError> {
+        let Some(epoch) = self.try_lead(holder, address)? else {
+            return Ok(None);
         };
         if epoch == 0 {
             return Err(corrupt("leader lease", "epoch 0 after taking the lease"));
@@ -96,7 +111,12 @@ impl PgStore {
         self.leadership.epoch.store(epoch, Ordering::Release);
         tracing::info!(epoch, "took the leader lease");
         self.keep_renewed(epoch);
-        Ok(epoch)
+        Ok(Some(epoch))
+    }
+
+    /// Whether this process holds the lease (it may still lose it).
+    pub fn is_leading(&self) -> bool {
+        self.leadership.epoch() != 0
     }
 
     /// Renews the lease every `RENEW_MS` until it is lost. Renewals that fail for longer than

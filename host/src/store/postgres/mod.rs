@@ -10,10 +10,10 @@
 //! commit as in the embedded store, one WAL flush for many groups.
 
 mod catalog;
-mod leader;
+pub mod leader;
 mod tasks;
 
-pub use leader::Leadership;
+pub use leader::{LeaderInfo, Leadership};
 
 use crate::store::StoreError;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};

@@ -104,7 +104,7 @@ fn a_clean_stop_hands_the_lease_over_at_once() {
     let standby = PgStore::open(&db.0, &PgOptions::default()).unwrap();
     let info = standby.leader().unwrap();
     assert!(info.live && info.holder == "first" && info.epoch == 1);
-    assert_eq!(standby.try_lead("standby", "127.0.0.1:2").unwrap(), None);
+    assert_eq!(standby.take_lead("standby", "127.0.0.1:2").unwrap(), None);
     // A store that does not lead refuses to write.
     assert!(matches!(
         standby.commit(&plan_create(&mut Engine::default(), 5, "k")),
