@@ -222,16 +222,20 @@ pub async fn get(
 }
 
 /// A task's payload as stored: JSON, passed through without re-encoding.
-pub fn stored_payload(state: &AppState, id: TaskId) -> Result<Option<Box<RawValue>>, ApiError> {
-    match state.scheduler.payload(id)? {
-        Some(bytes) => Ok(Some(
-            String::from_utf8(bytes)
-                .ok()
-                .and_then(|text| RawValue::from_string(text).ok())
-                .ok_or_else(|| ApiError::Internal(format!("stored payload of {id} is not JSON")))?,
-        )),
-        None => Ok(None),
-    }
+fn stored_payload(state: &AppState, id: TaskId) -> Result<Option<Box<RawValue>>, ApiError> {
+    state
+        .scheduler
+        .payload(id)?
+        .map(|bytes| payload_json(id, bytes))
+        .transpose()
+}
+
+/// A stored payload as the JSON it was submitted as.
+pub(super) fn payload_json(id: TaskId, bytes: Vec<u8>) -> Result<Box<RawValue>, ApiError> {
+    String::from_utf8(bytes)
+        .ok()
+        .and_then(|text| RawValue::from_string(text).ok())
+        .ok_or_else(|| ApiError::Internal(format!("stored payload of {id} is not JSON")))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

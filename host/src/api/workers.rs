@@ -8,7 +8,7 @@ use super::problem::ApiError;
 use super::tasks::{DEFAULT_EVENTS_LIMIT, EventParams, MAX_EVENTS_LIMIT, page_limit};
 use crate::auth::Principal;
 use crate::engine::{NoClaim, WorkerView};
-use crate::model::{Heartbeat, Task, WorkerEvent};
+use crate::model::{Heartbeat, Task, TaskId, WorkerEvent};
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{RawQuery, State as Shared};
@@ -169,10 +169,7 @@ pub async fn claim(
             return Ok(Json(refusal(reason)));
         }
         if !claimed.leases.is_empty() {
-            let mut leases = Vec::with_capacity(claimed.leases.len());
-            for task in claimed.leases {
-                leases.push(grant(&state, task)?);
-            }
+            let leases = grants(&state, claimed.leases)?;
             state
                 .metrics
                 .pipeline
@@ -209,19 +206,28 @@ pub async fn claim(
     }
 }
 
-fn grant(state: &AppState, task: Task) -> Result<LeaseGrant, ApiError> {
-    let lease = task
-        .lease
-        .clone()
-        .ok_or_else(|| ApiError::Internal(format!("claimed task {} has no lease", task.id)))?;
-    let payload = super::tasks::stored_payload(state, task.id)?;
-    Ok(LeaseGrant {
-        attempt: lease.attempt,
-        lease_token: lease.token,
-        lease_expires_at_ms: lease.expires_at_ms,
-        payload,
-        task,
-    })
+/// The claimed tasks with their leases and payloads (read in one go).
+fn grants(state: &AppState, tasks: Vec<Task>) -> Result<Vec<LeaseGrant>, ApiError> {
+    let ids: Vec<TaskId> = tasks.iter().map(|task| task.id).collect();
+    let payloads = state.scheduler.payloads(&ids)?;
+    tasks
+        .into_iter()
+        .zip(payloads)
+        .map(|(task, payload)| {
+            let lease = task.lease.clone().ok_or_else(|| {
+                ApiError::Internal(format!("claimed task {} has no lease", task.id))
+            })?;
+            Ok(LeaseGrant {
+                attempt: lease.attempt,
+                lease_token: lease.token,
+                lease_expires_at_ms: lease.expires_at_ms,
+                payload: payload
+                    .map(|bytes| super::tasks::payload_json(task.id, bytes))
+                    .transpose()?,
+                task,
+            })
+        })
+        .collect()
 }
 
 #[derive(Serialize, utoipa::ToSchema)]

@@ -402,6 +402,11 @@ impl Scheduler {
         Ok(self.store.payload(id)?)
     }
 
+    /// The payloads of `ids`, in their order, in one read.
+    pub fn payloads(&self, ids: &[TaskId]) -> Result<Vec<Option<Vec<u8>>>, SchedulerError> {
+        Ok(self.store.payloads(ids)?)
+    }
+
     pub fn events(
         &self,
         id: TaskId,

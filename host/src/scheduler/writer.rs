@@ -114,6 +114,8 @@ fn delivery<T: Durable + Send + 'static>(reply: oneshot::Sender<T>, answer: T) -
 struct GroupRead<'a> {
     group: &'a Group,
     cache: &'a super::task_cache::TaskCache,
+    /// Keys read ahead for this group's submissions (`Keys`), when the store is remote.
+    keys: &'a Keys,
     store: &'a dyn Store,
 }
 
@@ -129,10 +131,52 @@ impl Read for GroupRead<'_> {
     }
 
     fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
-        match self.group.keys.get(key) {
-            Some(record) => Ok(Some(*record)),
-            None => self.store.key(key),
+        if let Some(record) = self.group.keys.get(key) {
+            return Ok(Some(*record));
         }
+        match self.keys.read.contains(key) {
+            true => Ok(self.keys.found.get(key).copied()),
+            false => self.store.key(key),
+        }
+    }
+}
+
+/// Idempotency keys read from a remote store in one round trip before a group is planned,
+/// instead of one round trip per submission in the middle of planning. Valid for that group
+/// only: the writer is the one that adds keys, and the group's own additions are read first.
+#[derive(Default)]
+struct Keys {
+    /// Every key asked for: one not in `found` has no record.
+    read: std::collections::HashSet<String>,
+    found: HashMap<String, KeyRecord>,
+}
+
+impl Keys {
+    /// Reads the keys of the submissions the next group can take (from the front of
+    /// `waiting`, up to a group's worth of tasks, a batch whole).
+    fn read_ahead(waiting: &Waiting, store: &dyn Store) -> Result<Keys, StoreError> {
+        let mut wanted: Vec<&str> = Vec::new();
+        let mut tasks = 0;
+        for command in &waiting.others {
+            if tasks >= MAX_GROUP_TASKS {
+                break;
+            }
+            if let Command::Step {
+                input: Input::Submit(submissions),
+                ..
+            } = command
+            {
+                tasks += submissions.len();
+                wanted.extend(submissions.iter().filter_map(|s| s.spec.key.as_deref()));
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(Keys::default());
+        }
+        Ok(Keys {
+            found: store.keys(&wanted)?,
+            read: wanted.into_iter().map(str::to_owned).collect(),
+        })
     }
 }
 
@@ -149,6 +193,8 @@ pub(crate) struct Writer {
     work_queued: Arc<super::WorkSignal>,
     callbacks: super::callbacks::Outbox,
     cache: super::task_cache::TaskCache,
+    /// The keys read ahead for the group being planned.
+    keys: Keys,
     /// See `SchedulerOptions::sync_claims`.
     pub(super) sync_claims: bool,
     pub(super) metrics: Arc<crate::telemetry::TaskMetrics>,
@@ -186,6 +232,7 @@ impl Writer {
             work_queued,
             callbacks,
             cache: super::task_cache::TaskCache::default(),
+            keys: Keys::default(),
             sync_claims: false,
             metrics: Arc::default(),
             durable_event_seq: None,
@@ -235,6 +282,7 @@ impl Writer {
                 tracing::info!("the disk has room again: writes are taken");
             }
             let mut group = Group::default();
+            self.keys = Keys::default();
             if !self.unadmitted.is_empty() {
                 let unadmitted = std::mem::take(&mut self.unadmitted);
                 tracing::info!(
@@ -250,6 +298,13 @@ impl Writer {
             let others_turn = last_was_workers_only && !waiting.others.is_empty();
             let workers_only = !waiting.workers.is_empty() && !others_turn;
             last_was_workers_only = workers_only;
+            if !workers_only && self.store.reads_are_remote() {
+                // A key that cannot be read ahead is read when its submission is planned.
+                match Keys::read_ahead(&waiting, self.store.as_ref()) {
+                    Ok(keys) => self.keys = keys,
+                    Err(error) => tracing::warn!(%error, "cannot read a group's keys ahead"),
+                }
+            }
             while open && !group.is_full() {
                 let next = if workers_only {
                     waiting.workers.pop_front()
@@ -420,6 +475,7 @@ impl Writer {
         let read = GroupRead {
             group,
             cache: &self.cache,
+            keys: &self.keys,
             store: self.store.as_ref(),
         };
         let Step {

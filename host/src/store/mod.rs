@@ -10,6 +10,8 @@ pub mod sled;
 pub use self::postgres::{PgOptions, PgStore};
 pub use self::sled::{MAX_AUDIT_EVENTS, Repair, SledOptions, SledStore};
 
+use std::collections::HashMap;
+
 use crate::model::{
     AuditEvent, Change, Event, Experiment, KeyRecord, PolicyEvent, PolicyKind, PolicyVersion,
     Recovery, State, Task, TaskId, TokenRecord, WorkerEvent,
@@ -105,6 +107,27 @@ pub trait Store: Send + Sync + 'static {
     fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError>;
     fn payload(&self, id: TaskId) -> Result<Option<Vec<u8>>, StoreError>;
     fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError>;
+    /// The payloads of `ids`, in their order: one read for a claim's leases, which a store
+    /// across the network answers in one round trip instead of one per task.
+    fn payloads(&self, ids: &[TaskId]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        ids.iter().map(|&id| self.payload(id)).collect()
+    }
+    /// The records of `keys` that exist, by key: read once for a group's submissions before
+    /// they are planned, by a store whose reads are round trips (`reads_are_remote`).
+    fn keys(&self, keys: &[&str]) -> Result<HashMap<String, KeyRecord>, StoreError> {
+        let mut found = HashMap::new();
+        for &key in keys {
+            if let Some(record) = self.key(key)? {
+                found.insert(key.to_owned(), record);
+            }
+        }
+        Ok(found)
+    }
+    /// Whether each read is a round trip to another process, so that callers should read in
+    /// batches ahead (the embedded store's reads cost microseconds and need not).
+    fn reads_are_remote(&self) -> bool {
+        false
+    }
     /// The task's events, oldest first, after `after_seq`, at most `limit`; `None` when there
     /// is no such task.
     fn events_of(

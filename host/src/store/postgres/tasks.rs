@@ -27,6 +27,15 @@ fn task_id(bytes: &[u8]) -> Result<TaskId, StoreError> {
     Ok(TaskId::from_bytes(bytes))
 }
 
+fn key_record(task: &[u8], fingerprint: &[u8]) -> Result<KeyRecord, StoreError> {
+    Ok(KeyRecord {
+        task_id: task_id(task)?,
+        fingerprint: fingerprint
+            .try_into()
+            .map_err(|_| corrupt("idempotency key", "short fingerprint"))?,
+    })
+}
+
 fn decode_task(bytes: &[u8]) -> Result<Task, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| corrupt("task", e))
 }
@@ -165,92 +174,54 @@ fn plan(change: &Change) -> Result<Planned, StoreError> {
     Ok(planned)
 }
 
-async fn write(tx: &mut sqlx::PgConnection, planned: Planned) -> Result<(), StoreError> {
+/// Writes one planned commit through `sluice_commit` (migration 0002): the fencing check and
+/// every statement in one round trip, as one asynchronously committed transaction.
+async fn write(pool: &sqlx::PgPool, epoch: u64, planned: Planned) -> Result<(), StoreError> {
     let Planned {
         inserts, updates, ..
     } = &planned;
-    if !inserts.ids.is_empty() {
-        sqlx::query(
-            "INSERT INTO sluice_tasks (id, state, record, payload, queue_entry, idempotency_key, \
-             callback_pending, holds_place, updated_at_ms) \
-             SELECT * FROM UNNEST($1::bytea[], $2::int2[], $3::bytea[], $4::bytea[], \
-             $5::bytea[], $6::text[], $7::bool[], $8::bool[], $9::int8[])",
-        )
-        .bind(&inserts.ids)
-        .bind(&inserts.states)
-        .bind(&inserts.records)
-        .bind(&inserts.payloads)
-        .bind(&inserts.queue_entries)
-        .bind(&inserts.keys)
-        .bind(&inserts.callbacks_pending)
-        .bind(&inserts.holding)
-        .bind(&inserts.updated_at_ms)
-        .execute(&mut *tx)
-        .await?;
-    }
-    if !updates.ids.is_empty() {
-        let updated = sqlx::query(
-            "UPDATE sluice_tasks AS t SET state = u.state, record = u.record, \
-             queue_entry = u.queue_entry, callback_pending = u.callback_pending, \
-             holds_place = u.holds_place, updated_at_ms = u.updated_at_ms \
-             FROM UNNEST($1::bytea[], $2::int2[], $3::bytea[], $4::bytea[], $5::bool[], \
-             $6::bool[], $7::int8[]) AS u(id, state, record, queue_entry, callback_pending, \
-             holds_place, updated_at_ms) WHERE t.id = u.id",
-        )
-        .bind(&updates.ids)
-        .bind(&updates.states)
-        .bind(&updates.records)
-        .bind(&updates.queue_entries)
-        .bind(&updates.callbacks_pending)
-        .bind(&updates.holding)
-        .bind(&updates.updated_at_ms)
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() != updates.ids.len() as u64 {
-            return Err(corrupt(
-                "commit",
-                format!(
-                    "{} of {} changed tasks have no row",
-                    updates.ids.len() as u64 - updated.rows_affected(),
-                    updates.ids.len()
-                ),
-            ));
+    let called = sqlx::query(
+        "SELECT sluice_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+         $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)",
+    )
+    .bind(int8(epoch))
+    .bind(&inserts.ids)
+    .bind(&inserts.states)
+    .bind(&inserts.records)
+    .bind(&inserts.payloads)
+    .bind(&inserts.queue_entries)
+    .bind(&inserts.keys)
+    .bind(&inserts.callbacks_pending)
+    .bind(&inserts.holding)
+    .bind(&inserts.updated_at_ms)
+    .bind(&updates.ids)
+    .bind(&updates.states)
+    .bind(&updates.records)
+    .bind(&updates.queue_entries)
+    .bind(&updates.callbacks_pending)
+    .bind(&updates.holding)
+    .bind(&updates.updated_at_ms)
+    .bind(&planned.key_names)
+    .bind(&planned.key_tasks)
+    .bind(&planned.key_fingerprints)
+    .bind(&planned.event_seqs)
+    .bind(&planned.event_times)
+    .bind(&planned.event_bytes)
+    .bind(&planned.worker_seqs)
+    .bind(&planned.worker_times)
+    .bind(&planned.worker_bytes)
+    .execute(pool)
+    .await;
+    match called {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("SL001") => {
+            Err(StoreError::Failed(error.message().to_owned()))
         }
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("SL002") => {
+            Err(corrupt("commit", error.message()))
+        }
+        Err(other) => Err(other.into()),
     }
-    if !planned.key_names.is_empty() {
-        sqlx::query(
-            "INSERT INTO sluice_keys (key, task_id, fingerprint) \
-             SELECT * FROM UNNEST($1::text[], $2::bytea[], $3::bytea[])",
-        )
-        .bind(&planned.key_names)
-        .bind(&planned.key_tasks)
-        .bind(&planned.key_fingerprints)
-        .execute(&mut *tx)
-        .await?;
-    }
-    if !planned.event_seqs.is_empty() {
-        sqlx::query(
-            "INSERT INTO sluice_events (seq, at_ms, event) \
-             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::bytea[])",
-        )
-        .bind(&planned.event_seqs)
-        .bind(&planned.event_times)
-        .bind(&planned.event_bytes)
-        .execute(&mut *tx)
-        .await?;
-    }
-    if !planned.worker_seqs.is_empty() {
-        sqlx::query(
-            "INSERT INTO sluice_worker_events (seq, at_ms, event) \
-             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::bytea[])",
-        )
-        .bind(&planned.worker_seqs)
-        .bind(&planned.worker_times)
-        .bind(&planned.worker_bytes)
-        .execute(&mut *tx)
-        .await?;
-    }
-    Ok(())
 }
 
 impl Store for PgStore {
@@ -262,18 +233,9 @@ impl Store for PgStore {
         let epoch = self.epoch()?;
         let planned = plan(change)?;
         let pool = self.pool();
-        let committed = self.block(async move {
-            let mut tx = pool.begin().await?;
-            // Durable at the next `sync`, whose own synchronous commit flushes the WAL past
-            // this one.
-            sqlx::query("SET LOCAL synchronous_commit = off")
-                .execute(&mut *tx)
-                .await?;
-            check_epoch(&mut tx, epoch).await?;
-            write(&mut tx, planned).await?;
-            tx.commit().await?;
-            Ok(())
-        });
+        // Durable at the next `sync`, whose own synchronous commit flushes the WAL past this
+        // one.
+        let committed = self.block(async move { write(&pool, epoch, planned).await });
         if let Err(StoreError::Failed(reason)) = &committed {
             self.fail(reason.clone());
         }
@@ -346,16 +308,49 @@ impl Store for PgStore {
                     .await?,
             )
         })?;
-        row.map(|(task, fingerprint)| {
-            Ok(KeyRecord {
-                task_id: task_id(&task)?,
-                fingerprint: fingerprint
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| corrupt("idempotency key", "short fingerprint"))?,
-            })
-        })
-        .transpose()
+        row.map(|(task, fingerprint)| key_record(&task, &fingerprint))
+            .transpose()
+    }
+
+    fn payloads(&self, ids: &[TaskId]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let pool = self.pool();
+        let wanted: Vec<Vec<u8>> = ids.iter().map(|&id| id_bytes(id)).collect();
+        let rows: Vec<(Vec<u8>, Vec<u8>)> = self.block(async move {
+            Ok(
+                sqlx::query_as("SELECT id, payload FROM sluice_tasks WHERE id = ANY($1)")
+                    .bind(wanted)
+                    .fetch_all(&pool)
+                    .await?,
+            )
+        })?;
+        let mut found: HashMap<Vec<u8>, Vec<u8>> = rows.into_iter().collect();
+        Ok(ids
+            .iter()
+            .map(|&id| found.remove(id_bytes(id).as_slice()))
+            .collect())
+    }
+
+    fn keys(&self, keys: &[&str]) -> Result<HashMap<String, KeyRecord>, StoreError> {
+        if keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let pool = self.pool();
+        let wanted: Vec<String> = keys.iter().map(|&key| key.to_owned()).collect();
+        let rows: Vec<(String, Vec<u8>, Vec<u8>)> = self.block(async move {
+            Ok(sqlx::query_as(
+                "SELECT key, task_id, fingerprint FROM sluice_keys WHERE key = ANY($1)",
+            )
+            .bind(wanted)
+            .fetch_all(&pool)
+            .await?)
+        })?;
+        rows.into_iter()
+            .map(|(key, task, fingerprint)| Ok((key, key_record(&task, &fingerprint)?)))
+            .collect()
+    }
+
+    fn reads_are_remote(&self) -> bool {
+        true
     }
 
     fn events_of(
