@@ -1,6 +1,8 @@
 //! A `sluice serve` child process for the benchmarks, stopped with SIGTERM when dropped.
 
 use anyhow::{Context, bail};
+use sluice::store::postgres::{drop_scratch_database, redacted, scratch_database};
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -12,6 +14,8 @@ pub struct ChildServer {
     /// From spawning the process to its `listening on` line.
     pub ready_after: Duration,
     _data_dir: Option<tempfile::TempDir>,
+    /// A scratch PostgreSQL database the child keeps its state in, dropped after it stops.
+    scratch_database: Option<String>,
 }
 
 impl ChildServer {
@@ -23,13 +27,50 @@ impl ChildServer {
         Ok(child)
     }
 
+    /// A server keeping its state in a new database on the PostgreSQL server `server_url`
+    /// points at; the database is dropped when the child is dropped.
+    pub fn start_fresh_on_postgres(server_url: &str) -> anyhow::Result<ChildServer> {
+        let data_dir = tempfile::tempdir().context("cannot create a temporary data directory")?;
+        let database = scratch_database(server_url, "sluice_bench")
+            .with_context(|| format!("cannot create a database on {}", redacted(server_url)))?;
+        let started = Self::spawn(&[
+            "serve".as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--data-dir".as_ref(),
+            data_dir.path().as_os_str(),
+            "--store".as_ref(),
+            database.as_ref(),
+        ]);
+        match started {
+            Ok(mut child) => {
+                child._data_dir = Some(data_dir);
+                child.scratch_database = Some(database);
+                Ok(child)
+            }
+            Err(error) => {
+                let _ = drop_scratch_database(&database);
+                Err(error)
+            }
+        }
+    }
+
     /// A server on `data_dir`, which it leaves in place.
     pub fn start(data_dir: &Path) -> anyhow::Result<ChildServer> {
+        Self::spawn(&[
+            "serve".as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--data-dir".as_ref(),
+            data_dir.as_os_str(),
+        ])
+    }
+
+    fn spawn(args: &[&OsStr]) -> anyhow::Result<ChildServer> {
         let exe = std::env::current_exe().context("cannot find the sluice executable")?;
         let started = Instant::now();
         let mut child = Command::new(exe)
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
+            .args(args)
             .env(
                 "SLUICE_LOG",
                 std::env::var("SLUICE_BENCH_SERVER_LOG").unwrap_or_else(|_| "warn".into()),
@@ -58,6 +99,7 @@ impl ChildServer {
             child,
             ready_after,
             _data_dir: None,
+            scratch_database: None,
         })
     }
 
@@ -77,5 +119,13 @@ impl Drop for ChildServer {
             libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
         }
         let _ = self.child.wait();
+        if let Some(database) = &self.scratch_database
+            && let Err(error) = drop_scratch_database(database)
+        {
+            eprintln!(
+                "could not drop the bench's database {}: {error}",
+                redacted(database)
+            );
+        }
     }
 }

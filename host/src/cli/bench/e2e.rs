@@ -8,6 +8,7 @@ use super::server_histograms::{self as histograms, Buckets};
 use anyhow::{Context, bail};
 use sluice::client::Client;
 use sluice::model::{Gpu, Heartbeat};
+use sluice::store::postgres::{is_postgres_url, redacted};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -17,6 +18,10 @@ pub struct E2eBenchArgs {
     /// Measure this server instead of starting a fresh `sluice serve` on a temporary directory.
     #[arg(long)]
     server: Option<String>,
+    /// A postgres:// URL: the fresh server keeps its state in a new database on that
+    /// PostgreSQL server (created for the run, dropped after) instead of sled.
+    #[arg(long, conflicts_with = "server")]
+    store: Option<String>,
     /// Tasks to push through.
     #[arg(long, default_value_t = 20_000)]
     tasks: usize,
@@ -54,10 +59,18 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     {
         bail!("--rate must be 1 to 1000000 tasks a second");
     }
-    let (url, child) = match &args.server {
-        Some(url) => (url.clone(), None),
-        None => {
-            let child = tokio::task::spawn_blocking(ChildServer::start_fresh).await??;
+    let (url, child) = match (&args.server, &args.store) {
+        (Some(url), _) => (url.clone(), None),
+        (None, store) => {
+            let store = store.clone();
+            let child = tokio::task::spawn_blocking(move || match store {
+                Some(store) if is_postgres_url(&store) => {
+                    ChildServer::start_fresh_on_postgres(&store)
+                }
+                Some(_) => bail!("--store takes a postgres:// or postgresql:// URL"),
+                None => ChildServer::start_fresh(),
+            })
+            .await??;
             (child.url.clone(), Some(child))
         }
     };
@@ -116,8 +129,13 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             .get(((claim_us.len().max(1) - 1) as f64 * q).round() as usize)
             .map_or(f64::NAN, |&us| f64::from(us) / 1000.0)
     };
+    let store = match &args.store {
+        Some(store) => format!(" on {}", redacted(store)),
+        None if args.server.is_none() => " on sled".to_owned(),
+        None => String::new(),
+    };
     outln!(
-        "end to end over HTTP at {url}: {} tasks, {} workers claiming up to {} each, {} submitters{}",
+        "end to end over HTTP at {url}{store}: {} tasks, {} workers claiming up to {} each, {} submitters{}",
         args.tasks,
         args.workers,
         args.claim_batch,

@@ -6,6 +6,7 @@ pub mod policy;
 mod restart;
 mod server_histograms;
 mod sim;
+mod skip_locked;
 mod submit;
 
 #[derive(clap::Subcommand)]
@@ -18,6 +19,9 @@ pub enum BenchCommand {
     E2e(e2e::E2eBenchArgs),
     /// Cost per decision of each default policy, WASM against native; compile and swap time.
     Policy(policy::PolicyBenchArgs),
+    /// The baseline for `e2e --store postgres://...`: a plain SKIP LOCKED table queue on the
+    /// same PostgreSQL server, jobs/s without HTTP or the engine.
+    SkipLocked(skip_locked::SkipLockedBenchArgs),
     /// The seeded mixed workload on the virtual-time driver: tasks/s of the engine's step alone.
     Sim(sim::SimBenchArgs),
 }
@@ -29,5 +33,6 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Policy(args) => policy::run(args).await,
         BenchCommand::E2e(args) => e2e::run(args).await,
         BenchCommand::Sim(args) => sim::run(args).await,
+        BenchCommand::SkipLocked(args) => skip_locked::run(args).await,
     }
 }

@@ -1,0 +1,226 @@
+//! `sluice bench skip-locked`: the baseline the PostgreSQL store is measured against — a plain
+//! table queue on the same server, claimed with `SELECT ... FOR UPDATE SKIP LOCKED` as River,
+//! Oban and graphile-worker do, driven in the shape of `bench e2e` (submitters inserting
+//! batches of 100, workers claiming up to `--claim-batch` and completing each batch in one
+//! statement), every step a committed, durable transaction. No HTTP, no engine, no events: what
+//! the database alone gives a queue.
+
+use anyhow::{Context, bail};
+use sluice::store::postgres::{drop_scratch_database, redacted, scratch_database};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct SkipLockedBenchArgs {
+    /// A postgres:// URL of the server to measure: a database is created on it for the run
+    /// and dropped after.
+    #[arg(long)]
+    store: String,
+    /// Jobs to push through.
+    #[arg(long, default_value_t = 20_000)]
+    tasks: usize,
+    /// Concurrent workers, one connection each.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Jobs one claim takes at most.
+    #[arg(long, default_value_t = 32)]
+    claim_batch: usize,
+    /// Concurrent submitters, each inserting batches of 100 jobs in one statement.
+    #[arg(long, default_value_t = 4)]
+    submitters: usize,
+    /// Insert every job first, then start the workers: measures claim → complete alone.
+    #[arg(long)]
+    prefill: bool,
+}
+
+/// How long a worker that found the queue empty waits before it asks again.
+const EMPTY_POLL_MS: u64 = 2;
+const SUBMIT_BATCH: usize = 100;
+
+const SCHEMA: &str = "CREATE TABLE jobs ( \
+     id bigserial PRIMARY KEY, \
+     kind text NOT NULL, \
+     priority smallint NOT NULL, \
+     idempotency_key text NOT NULL UNIQUE, \
+     payload jsonb NOT NULL, \
+     state smallint NOT NULL DEFAULT 0, \
+     attempts integer NOT NULL DEFAULT 0, \
+     locked_until timestamptz, \
+     created_at timestamptz NOT NULL DEFAULT now(), \
+     finished_at timestamptz); \
+     CREATE INDEX jobs_ready ON jobs (priority, id) WHERE state = 0";
+
+pub async fn run(args: SkipLockedBenchArgs) -> anyhow::Result<()> {
+    if args.tasks == 0 || args.tasks > 10_000_000 {
+        bail!("--tasks must be 1 to 10000000");
+    }
+    if !(1..=256).contains(&args.workers) || !(1..=1024).contains(&args.claim_batch) {
+        bail!("--workers must be 1 to 256 and --claim-batch 1 to 1024");
+    }
+    if !(1..=64).contains(&args.submitters) {
+        bail!("--submitters must be 1 to 64");
+    }
+    let server = args.store.clone();
+    let database = tokio::task::spawn_blocking(move || scratch_database(&server, "sluice_queue"))
+        .await?
+        .with_context(|| format!("cannot create a database on {}", redacted(&args.store)))?;
+    let measured = measure(&args, &database).await;
+    let dropped = tokio::task::spawn_blocking(move || drop_scratch_database(&database)).await?;
+    let figures = measured?;
+    dropped.context("cannot drop the bench's database")?;
+    outln!(
+        "plain SKIP LOCKED queue on {}: {} jobs, {} workers claiming up to {} each, {} submitters",
+        redacted(&args.store),
+        args.tasks,
+        args.workers,
+        args.claim_batch,
+        args.submitters
+    )?;
+    let what = if args.prefill {
+        "claim → complete, after all were inserted"
+    } else {
+        "insert → claim → complete"
+    };
+    outln!(
+        "jobs/s {:.0} ({what}, every step a committed transaction); all inserted after {:.2} s, all complete {:.2} s after the start; {} claims, {} came back empty",
+        args.tasks as f64 / figures.elapsed.as_secs_f64(),
+        figures.inserted_after.as_secs_f64(),
+        figures.elapsed.as_secs_f64(),
+        figures.claims,
+        figures.empty_claims
+    )?;
+    Ok(())
+}
+
+struct Figures {
+    inserted_after: Duration,
+    elapsed: Duration,
+    claims: usize,
+    empty_claims: usize,
+}
+
+async fn measure(args: &SkipLockedBenchArgs, database: &str) -> anyhow::Result<Figures> {
+    let pool = PgPoolOptions::new()
+        .max_connections((args.workers + args.submitters) as u32)
+        .connect(database)
+        .await
+        .context("cannot connect to the bench's database")?;
+    sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+    let done = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    let start_workers = |workers: &mut tokio::task::JoinSet<_>| {
+        for _ in 0..args.workers {
+            let (pool, done) = (pool.clone(), done.clone());
+            let (total, batch) = (args.tasks, args.claim_batch);
+            workers.spawn(async move { worker(pool, batch, total, done).await });
+        }
+    };
+    if !args.prefill {
+        start_workers(&mut workers);
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut submitters = tokio::task::JoinSet::new();
+    for _ in 0..args.submitters {
+        let (pool, next, total) = (pool.clone(), next.clone(), args.tasks);
+        submitters.spawn(async move { submit(pool, next, total).await });
+    }
+    while let Some(joined) = submitters.join_next().await {
+        joined??;
+    }
+    let inserted_after = started.elapsed();
+    let started = if args.prefill {
+        start_workers(&mut workers);
+        Instant::now()
+    } else {
+        started
+    };
+    let (mut claims, mut empty_claims) = (0, 0);
+    while let Some(joined) = workers.join_next().await {
+        let (full, empty) = joined??;
+        claims += full + empty;
+        empty_claims += empty;
+    }
+    let elapsed = started.elapsed();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state <> 2")
+        .fetch_one(&pool)
+        .await?;
+    pool.close().await;
+    if left != 0 {
+        bail!("{left} jobs were not completed");
+    }
+    Ok(Figures {
+        inserted_after,
+        elapsed,
+        claims,
+        empty_claims,
+    })
+}
+
+async fn submit(pool: PgPool, next: Arc<AtomicUsize>, total: usize) -> anyhow::Result<()> {
+    loop {
+        let first = next.fetch_add(SUBMIT_BATCH, Ordering::Relaxed);
+        if first >= total {
+            return Ok(());
+        }
+        let numbers: Vec<i64> = (first..(first + SUBMIT_BATCH).min(total))
+            .map(|n| n as i64)
+            .collect();
+        // The same three priorities, keys and payloads as `bench e2e`'s tasks.
+        sqlx::query(
+            "INSERT INTO jobs (kind, priority, idempotency_key, payload) \
+             SELECT 'bench.e2e', n % 3, 'e2e-' || n, jsonb_build_object('n', n) \
+             FROM UNNEST($1::int8[]) AS n",
+        )
+        .bind(&numbers)
+        .execute(&pool)
+        .await?;
+    }
+}
+
+/// Claims and completes until `total` jobs are done across all workers; how many claims
+/// brought work, and how many came back empty.
+async fn worker(
+    pool: PgPool,
+    batch: usize,
+    total: usize,
+    done: Arc<AtomicUsize>,
+) -> anyhow::Result<(usize, usize)> {
+    let (mut full, mut empty) = (0, 0);
+    while done.load(Ordering::Relaxed) < total {
+        let claimed: Vec<i64> = sqlx::query_scalar(
+            "UPDATE jobs SET state = 1, attempts = attempts + 1, \
+             locked_until = now() + interval '30 seconds' \
+             WHERE id IN (SELECT id FROM jobs WHERE state = 0 ORDER BY priority, id \
+             LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING id",
+        )
+        .bind(batch as i64)
+        .fetch_all(&pool)
+        .await?;
+        if claimed.is_empty() {
+            empty += 1;
+            tokio::time::sleep(Duration::from_millis(EMPTY_POLL_MS)).await;
+            continue;
+        }
+        full += 1;
+        let completed = sqlx::query(
+            "UPDATE jobs SET state = 2, locked_until = NULL, finished_at = now() \
+             WHERE id = ANY($1) AND state = 1",
+        )
+        .bind(&claimed)
+        .execute(&pool)
+        .await?
+        .rows_affected();
+        if completed != claimed.len() as u64 {
+            bail!(
+                "{} of {} completions found their job taken",
+                claimed.len() as u64 - completed,
+                claimed.len()
+            );
+        }
+        done.fetch_add(claimed.len(), Ordering::Relaxed);
+    }
+    Ok((full, empty))
+}
