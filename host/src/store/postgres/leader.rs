@@ -70,7 +70,7 @@ impl PgStore {
         self.block(async move {
             let epoch: Option<i64> = sqlx::query_scalar(
                 "UPDATE sluice_leader SET holder = $1, address = $2, epoch = epoch + 1, \
-                 expires_at = now() + $3 * interval '1 millisecond', synced_at = NULL \
+                 expires_at = now() + $3 * interval '1 millisecond' \
                  WHERE id = 1 AND expires_at <= now() RETURNING epoch",
             )
             .bind(holder)

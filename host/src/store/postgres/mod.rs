@@ -10,6 +10,7 @@
 //! commit as in the embedded store, one WAL flush for many groups.
 
 mod catalog;
+mod events;
 pub mod leader;
 mod tasks;
 

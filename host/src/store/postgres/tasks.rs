@@ -1,6 +1,7 @@
 //! The engine's records in PostgreSQL: tasks, idempotency keys, the event and worker logs, the
 //! start-up read and retention (the `Store` trait).
 
+use super::events::{self, Block};
 use super::leader::check_epoch;
 use super::{PgStore, corrupt, int8, uint8};
 use crate::model::{
@@ -10,7 +11,7 @@ use crate::store::{Compacted, ListPage, ListQuery, Store, StoreError};
 use sqlx::Row;
 use std::collections::HashMap;
 
-/// Log entries one retention pass removes at most, beside its tasks.
+/// Worker log entries one retention pass removes at most, beside its tasks.
 const MAX_LOG_ENTRIES: i64 = 1_024;
 
 /// A queued task's row as recovery reads it: id, queue entry, record.
@@ -99,9 +100,7 @@ struct Planned {
     key_names: Vec<String>,
     key_tasks: Vec<Vec<u8>>,
     key_fingerprints: Vec<Vec<u8>>,
-    event_seqs: Vec<i64>,
-    event_times: Vec<i64>,
-    event_bytes: Vec<Vec<u8>>,
+    events: Block,
     worker_seqs: Vec<i64>,
     worker_times: Vec<i64>,
     worker_bytes: Vec<Vec<u8>>,
@@ -127,9 +126,7 @@ fn plan(change: &Change) -> Result<Planned, StoreError> {
         key_names: Vec::new(),
         key_tasks: Vec::new(),
         key_fingerprints: Vec::new(),
-        event_seqs: Vec::with_capacity(change.events.len()),
-        event_times: Vec::with_capacity(change.events.len()),
-        event_bytes: Vec::with_capacity(change.events.len()),
+        events: Block::of(&change.events)?,
         worker_seqs: Vec::new(),
         worker_times: Vec::new(),
         worker_bytes: Vec::new(),
@@ -157,13 +154,6 @@ fn plan(change: &Change) -> Result<Planned, StoreError> {
             planned.key_fingerprints.push(record.fingerprint.to_vec());
         }
     }
-    for event in &change.events {
-        planned.event_seqs.push(int8(event.seq));
-        planned.event_times.push(int8(event.at_ms));
-        planned
-            .event_bytes
-            .push(serde_json::to_vec(event).map_err(|e| corrupt("event", e))?);
-    }
     for event in &change.worker_events {
         planned.worker_seqs.push(int8(event.seq));
         planned.worker_times.push(int8(event.at_ms));
@@ -182,7 +172,7 @@ async fn write(pool: &sqlx::PgPool, epoch: u64, planned: Planned) -> Result<(), 
     } = &planned;
     let called = sqlx::query(
         "SELECT sluice_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
-         $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)",
+         $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)",
     )
     .bind(int8(epoch))
     .bind(&inserts.ids)
@@ -204,9 +194,11 @@ async fn write(pool: &sqlx::PgPool, epoch: u64, planned: Planned) -> Result<(), 
     .bind(&planned.key_names)
     .bind(&planned.key_tasks)
     .bind(&planned.key_fingerprints)
-    .bind(&planned.event_seqs)
-    .bind(&planned.event_times)
-    .bind(&planned.event_bytes)
+    .bind(planned.events.first_seq)
+    .bind(planned.events.last_seq)
+    .bind(planned.events.last_at_ms)
+    .bind(&planned.events.offsets)
+    .bind(&planned.events.events)
     .bind(&planned.worker_seqs)
     .bind(&planned.worker_times)
     .bind(&planned.worker_bytes)
@@ -248,7 +240,8 @@ impl Store for PgStore {
         let pool = self.pool();
         let synced = self.block(async move {
             let held: Option<i32> = sqlx::query_scalar(
-                "UPDATE sluice_leader SET synced_at = now() WHERE id = 1 AND epoch = $1 RETURNING 1",
+                "UPDATE sluice_syncs SET synced_at = now() WHERE id = 1 AND EXISTS \
+                 (SELECT 1 FROM sluice_leader WHERE id = 1 AND epoch = $1) RETURNING 1",
             )
             .bind(int8(epoch))
             .fetch_optional(&pool)
@@ -373,19 +366,7 @@ impl Store for PgStore {
         if seqs.is_empty() {
             return Ok(Some(Vec::new()));
         }
-        let pool = self.pool();
-        let rows: Vec<Vec<u8>> = self.block(async move {
-            Ok(sqlx::query_scalar(
-                "SELECT event FROM sluice_events WHERE seq = ANY($1) ORDER BY seq",
-            )
-            .bind(seqs)
-            .fetch_all(&pool)
-            .await?)
-        })?;
-        rows.iter()
-            .map(|bytes| serde_json::from_slice(bytes).map_err(|e| corrupt("event log", e)))
-            .collect::<Result<Vec<Event>, _>>()
-            .map(Some)
+        self.events_numbered(seqs).map(Some)
     }
 
     fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
@@ -449,20 +430,7 @@ impl Store for PgStore {
     }
 
     fn events_after(&self, after_seq: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
-        let pool = self.pool();
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows: Vec<Vec<u8>> = self.block(async move {
-            Ok(sqlx::query_scalar(
-                "SELECT event FROM sluice_events WHERE seq > $1 ORDER BY seq LIMIT $2",
-            )
-            .bind(int8(after_seq))
-            .bind(limit)
-            .fetch_all(&pool)
-            .await?)
-        })?;
-        rows.iter()
-            .map(|bytes| serde_json::from_slice(bytes).map_err(|e| corrupt("event log", e)))
-            .collect()
+        self.events_since(after_seq, limit)
     }
 
     fn worker_events(&self, after_seq: u64, limit: usize) -> Result<Vec<WorkerEvent>, StoreError> {
@@ -493,7 +461,7 @@ impl Store for PgStore {
                 .execute(&mut *tx)
                 .await?;
             let heads: (i64, i64, Option<Vec<u8>>) = sqlx::query_as(
-                "SELECT (SELECT coalesce(max(seq), 0) FROM sluice_events), \
+                "SELECT (SELECT coalesce(max(last_seq), 0) FROM sluice_event_blocks), \
                  (SELECT coalesce(max(seq), 0) FROM sluice_worker_events), \
                  (SELECT id FROM sluice_tasks ORDER BY id DESC LIMIT 1)",
             )
@@ -552,13 +520,7 @@ impl Store for PgStore {
     }
 
     fn first_event_seq(&self) -> Result<u64, StoreError> {
-        let pool = self.pool();
-        let first: Option<i64> = self.block(async move {
-            Ok(sqlx::query_scalar("SELECT min(seq) FROM sluice_events")
-                .fetch_one(&pool)
-                .await?)
-        })?;
-        first.map_or(Ok(1), |seq| uint8(seq, "event log"))
+        self.first_event_seq_held()
     }
 
     fn compact(&self, cutoff_ms: u64, max_tasks: usize) -> Result<Compacted, StoreError> {
@@ -578,7 +540,7 @@ impl Store for PgStore {
         let id_bound = id_bytes(TaskId::from_u128(u128::from(cutoff_ms) << 80));
         let max = i64::try_from(max_tasks).unwrap_or(i64::MAX);
         let pool = self.pool();
-        let (removed, event_rows, worker_rows) = self.block(async move {
+        let (removed, event_blocks, worker_rows) = self.block(async move {
             let mut tx = pool.begin().await?;
             check_epoch(&mut tx, epoch).await?;
             let removed: Vec<(i16, Option<String>, Vec<u8>)> = sqlx::query_as(
@@ -608,14 +570,14 @@ impl Store for PgStore {
                 .execute(&mut *tx)
                 .await?;
             }
-            let event_rows = trim_log(&mut tx, "sluice_events", cutoff_ms).await?;
+            let event_blocks = events::trim(&mut tx, cutoff_ms).await?;
             let worker_rows = trim_log(&mut tx, "sluice_worker_events", cutoff_ms).await?;
             tx.commit().await?;
-            Ok((removed, event_rows, worker_rows))
+            Ok((removed, event_blocks, worker_rows))
         })?;
         let mut compacted = Compacted {
             tasks: removed.len(),
-            event_blocks: event_rows,
+            event_blocks,
             worker_events: worker_rows,
             ..Compacted::default()
         };
@@ -623,7 +585,7 @@ impl Store for PgStore {
             compacted.tasks_by_state[usize::from(state_of(*code)?.code())] += 1;
         }
         compacted.more = removed.len() >= max_tasks
-            || event_rows >= MAX_LOG_ENTRIES as usize
+            || event_blocks >= events::MAX_BLOCKS_A_PASS as usize
             || worker_rows >= MAX_LOG_ENTRIES as usize;
         Ok(compacted)
     }

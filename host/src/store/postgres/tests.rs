@@ -140,3 +140,54 @@ fn a_duplicate_idempotency_key_fails_the_whole_commit() {
         first.writes[0].task.id
     );
 }
+
+#[test]
+fn the_event_log_reads_back_from_its_blocks_one_event_or_a_run_at_a_time() {
+    let Some(db) = scratch() else { return };
+    let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    store.lead("only", "127.0.0.1:1").unwrap();
+    let mut engine = Engine::default();
+    // Groups of one to three tasks, so blocks of different lengths.
+    let mut logged = Vec::new();
+    for group in 0..6u64 {
+        let mut change = crate::model::Change::default();
+        for n in 0..=(group % 3) {
+            change.merge(plan_create(
+                &mut engine,
+                1_000 + group * 10 + n,
+                &format!("k-{group}-{n}"),
+            ));
+        }
+        logged.extend(change.events.clone());
+        store.commit(&change).unwrap();
+    }
+    assert!(logged.len() > 6, "several events a block");
+    let seqs = |events: &[crate::model::Event]| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+    for after in 0..=logged.len() as u64 {
+        for limit in [1, 2, 5, 1_000] {
+            let read = store.events_after(after, limit).unwrap();
+            let expected: Vec<_> = logged
+                .iter()
+                .filter(|e| e.seq > after)
+                .take(limit)
+                .cloned()
+                .collect();
+            assert_eq!(seqs(&read), seqs(&expected), "after {after}, limit {limit}");
+            assert_eq!(read, expected);
+        }
+    }
+    for event in &logged {
+        let of_task = store.events_of(event.task_id, 0, 100).unwrap().unwrap();
+        let expected: Vec<_> = logged
+            .iter()
+            .filter(|e| e.task_id == event.task_id)
+            .cloned()
+            .collect();
+        assert_eq!(of_task, expected);
+    }
+    assert_eq!(store.first_event_seq().unwrap(), 1);
+    assert_eq!(
+        store.recover().unwrap().last_event_seq,
+        logged.last().unwrap().seq
+    );
+}
