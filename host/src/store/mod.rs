@@ -113,7 +113,7 @@ pub trait Store: Send + Sync + 'static {
         ids.iter().map(|&id| self.payload(id)).collect()
     }
     /// The records of `keys` that exist, by key: read once for a group's submissions before
-    /// they are planned, by a store whose reads are round trips (`reads_are_remote`).
+    /// they are planned, by a store whose reads are round trips (`is_remote`).
     fn keys(&self, keys: &[&str]) -> Result<HashMap<String, KeyRecord>, StoreError> {
         let mut found = HashMap::new();
         for &key in keys {
@@ -123,9 +123,10 @@ pub trait Store: Send + Sync + 'static {
         }
         Ok(found)
     }
-    /// Whether each read is a round trip to another process, so that callers should read in
-    /// batches ahead (the embedded store's reads cost microseconds and need not).
-    fn reads_are_remote(&self) -> bool {
+    /// Whether each call is a round trip to another process (a database server), so that
+    /// callers should read in batches ahead and keep a commit in flight while they plan the
+    /// next (the embedded store's reads cost microseconds and its commit is a log append).
+    fn is_remote(&self) -> bool {
         false
     }
     /// The task's events, oldest first, after `after_seq`, at most `limit`; `None` when there

@@ -342,7 +342,7 @@ impl Store for PgStore {
             .collect()
     }
 
-    fn reads_are_remote(&self) -> bool {
+    fn is_remote(&self) -> bool {
         true
     }
 
