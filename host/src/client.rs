@@ -29,6 +29,21 @@ pub enum ClientError {
     BadCredentials(String),
 }
 
+impl ClientError {
+    /// Whether the server may have acted on the request although no answer said so: the
+    /// connection failed, or a 5xx (a replica that forwarded it to a leader that then died).
+    /// A 4xx was refused, so it did not.
+    pub fn may_have_landed(&self) -> bool {
+        match self {
+            ClientError::Http { .. } => true,
+            ClientError::Problem { status, .. } | ClientError::Unexpected { status, .. } => {
+                *status >= 500
+            }
+            ClientError::BadUrl(_) | ClientError::BadCredentials(_) => false,
+        }
+    }
+}
+
 /// How a client proves who it is and whom it trusts.
 #[derive(Clone, Debug, Default)]
 pub struct Credentials {
@@ -269,13 +284,19 @@ impl Client {
     }
 
     /// Claims up to `max` tasks for worker `id`, waiting up to `wait_ms` for work.
+    /// Claims up to `max` tasks for worker `id`, waiting up to `wait_ms` for work. `claim_id`
+    /// names the claim: after an error, sending the same one again returns what it granted.
     pub async fn claim(
         &self,
         id: &str,
         max: usize,
         wait_ms: u64,
+        claim_id: Option<&str>,
     ) -> Result<ClaimResponse, ClientError> {
-        let body = serde_json::json!({ "max": max, "wait_ms": wait_ms });
+        let mut body = serde_json::json!({ "max": max, "wait_ms": wait_ms });
+        if let Some(claim_id) = claim_id {
+            body["claim_id"] = Value::String(claim_id.to_owned());
+        }
         let url = format!("{}/v1/workers/{id}/claim", self.base);
         // A long poll may outlast the client's usual timeout.
         let timeout = Duration::from_millis(wait_ms) + Duration::from_secs(30);

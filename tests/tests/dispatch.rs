@@ -402,3 +402,69 @@ async fn a_batch_of_reports_is_answered_item_by_item(store: TestStore) {
     .await;
     assert_problem(&refused, 400, "invalid-request");
 }
+
+on_each_store!(a_claim_sent_again_under_its_id_gets_the_leases_it_granted);
+
+/// A worker whose claim got no answer sends it again under the same `claim_id`: it gets the
+/// leases that claim granted (those it has not started), not new ones and not nothing.
+async fn a_claim_sent_again_under_its_id_gets_the_leases_it_granted(store: TestStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = store.start_with(dir.path(), &[]);
+    let client = http();
+    for n in 0..5 {
+        let spec = json!({"kind": "oct.scan", "key": format!("again-{n}"), "payload": {"n": n}});
+        let submitted = post_json(&client, &server.endpoint("/v1/tasks"), &spec).await;
+        assert_eq!(submitted.status, 201, "{:?}", submitted.body);
+    }
+    register_worker(&client, &server, "gpu-1", 4).await;
+    let claim_url = server.endpoint("/v1/workers/gpu-1/claim");
+    let claim = |claim_id: &'static str, max: u64| {
+        let (client, url) = (client.clone(), claim_url.clone());
+        async move {
+            let body = json!({"max": max, "wait_ms": 0, "claim_id": claim_id});
+            let answer = post_json(&client, &url, &body).await;
+            assert_eq!(answer.status, 200, "{:?}", answer.body);
+            answer.body["leases"].as_array().unwrap().clone()
+        }
+    };
+    let tokens = |leases: &[Value]| {
+        let mut tokens: Vec<String> = leases
+            .iter()
+            .map(|lease| lease["lease_token"].as_str().unwrap().to_owned())
+            .collect();
+        tokens.sort();
+        tokens
+    };
+    let first = claim("claim-a", 2).await;
+    assert_eq!(first.len(), 2);
+    let again = claim("claim-a", 2).await;
+    assert_eq!(tokens(&again), tokens(&first), "the same leases again");
+    assert!(again.iter().all(|lease| lease["payload"]["n"].is_number()));
+    assert_eq!(
+        count_in(&client, &server, "claimed").await,
+        2,
+        "nothing new leased"
+    );
+
+    // A started attempt is the worker's already: only the unstarted lease comes back.
+    let started = &first[0];
+    let id = started["task"]["id"].as_str().unwrap();
+    let token = started["lease_token"].as_str().unwrap();
+    let answer = report(&client, &server, id, "start", json!({"lease_token": token})).await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    let after_start = claim("claim-a", 2).await;
+    assert_eq!(tokens(&after_start), tokens(&first[1..]));
+
+    // Another id is another claim.
+    let second = claim("claim-b", 2).await;
+    assert_eq!(second.len(), 2);
+    assert!(tokens(&second).iter().all(|t| !tokens(&first).contains(t)));
+
+    let bad = post_json(
+        &client,
+        &claim_url,
+        &json!({"max": 1, "claim_id": "no spaces allowed"}),
+    )
+    .await;
+    assert_problem(&bad, 400, "invalid-request");
+}

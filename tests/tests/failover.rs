@@ -15,7 +15,10 @@ const REPLICAS: usize = 3;
 const WORKERS: usize = 8;
 const SUBMITTERS: usize = 8;
 const TASKS: usize = 5_000;
-const _: () = assert!(TASKS.is_multiple_of(SUBMITTERS), "each device submits an equal share");
+const _: () = assert!(
+    TASKS.is_multiple_of(SUBMITTERS),
+    "each device submits an equal share"
+);
 /// Long enough that no lease runs out while the replicas change leader: the test is about
 /// failover, not about retries (10 s × the priority policy's factors: 15, 20 and 30 s).
 const EST_EXEC_MS: u64 = 10_000;
@@ -134,12 +137,15 @@ async fn submitter(
 type Completions = Arc<Mutex<HashMap<String, HashSet<String>>>>;
 
 /// One GPU worker: heartbeats, claims, completes at once; after a failure it heartbeats again
-/// through the next replica (a new leader has not heard from it yet).
+/// through the next replica (a new leader has not heard from it yet), and sends a claim that
+/// got no answer again under the same id, so the leases it granted come back.
 async fn worker(w: usize, slots: Slots, done: Arc<AtomicBool>, completions: Completions) {
     let client = http();
     let id = format!("gpu-{w}");
     let mut slot = w;
     let mut heartbeat_at: Option<Instant> = None;
+    let mut claims = 0;
+    let mut unanswered_claim: Option<String> = None;
     while !done.load(Ordering::Acquire) {
         let base = slot_url(&slots, slot);
         if heartbeat_at.is_none_or(|at| at.elapsed() > Duration::from_secs(1)) {
@@ -159,13 +165,18 @@ async fn worker(w: usize, slots: Slots, done: Arc<AtomicBool>, completions: Comp
             assert_eq!(answer.status, 200, "heartbeat: {answer:?}");
             heartbeat_at = Some(Instant::now());
         }
+        let claim_id = unanswered_claim.take().unwrap_or_else(|| {
+            claims += 1;
+            format!("{id}-{claims}")
+        });
         let sent = client
             .post(format!("{base}/v1/workers/{id}/claim"))
-            .json(&json!({"max": 4, "wait_ms": 300}))
+            .json(&json!({"max": 4, "wait_ms": 300, "claim_id": claim_id}))
             .send()
             .await;
         if retryable(&sent) {
             (slot, heartbeat_at) = (slot + 1, None);
+            unanswered_claim = Some(claim_id);
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         }
@@ -181,7 +192,12 @@ async fn worker(w: usize, slots: Slots, done: Arc<AtomicBool>, completions: Comp
             let body = json!({"lease_token": token, "result": {"by": id}});
             // The same report again after a failure: the lease is rebuilt by the new leader,
             // or the first try landed and this one is refused; either way nothing doubles.
-            for _ in 0..100 {
+            let reporting = Instant::now();
+            loop {
+                assert!(
+                    reporting.elapsed() < Duration::from_secs(60),
+                    "the completion of {task} never got an answer"
+                );
                 let sent = client
                     .post(format!(
                         "{}/v1/tasks/{task}/complete",
@@ -264,7 +280,12 @@ async fn killing_the_leader_twice_loses_doubles_and_strands_nothing() {
     let acked = Arc::new(AtomicUsize::new(0));
     let mut submitters = tokio::task::JoinSet::new();
     for c in 0..SUBMITTERS {
-        submitters.spawn(submitter(c, slots.clone(), acked.clone(), TASKS / SUBMITTERS));
+        submitters.spawn(submitter(
+            c,
+            slots.clone(),
+            acked.clone(),
+            TASKS / SUBMITTERS,
+        ));
     }
     let done = Arc::new(AtomicBool::new(false));
     let completions: Completions = Arc::default();
@@ -342,6 +363,9 @@ async fn killing_the_leader_twice_loses_doubles_and_strands_nothing() {
     assert_eq!(distinct.len(), TASKS, "two keys share a task");
     for task in &tasks {
         assert_eq!(task["state"], "completed", "{task}");
+        // A claim whose answer died with a leader came back to its worker when it asked
+        // again: nothing waited for an attempt to time out.
+        assert_eq!(task["attempt"], 1, "stranded until a retry: {task}");
     }
     let events = all_events(&client, leader).await;
     let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();

@@ -72,6 +72,22 @@ pub struct ClaimRequest {
     max: usize,
     #[serde(default)]
     wait_ms: u64,
+    /// The worker's name for this claim (1 to 64 of `A-Z a-z 0-9 . _ : -`). A worker that
+    /// gets no answer (the connection dropped, or the replica serving it died) sends the same
+    /// claim again: it is answered with the leases that claim granted and the worker has not
+    /// started, instead of leaving them to time out.
+    #[serde(default)]
+    claim_id: Option<String>,
+}
+
+/// The longest `claim_id`.
+const MAX_CLAIM_ID_BYTES: usize = 64;
+
+fn valid_claim_id(claim_id: &str) -> bool {
+    (1..=MAX_CLAIM_ID_BYTES).contains(&claim_id.len())
+        && claim_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
 fn one() -> usize {
@@ -143,6 +159,15 @@ pub async fn claim(
             "max must be 1 to {MAX_CLAIM}"
         )));
     }
+    if request
+        .claim_id
+        .as_deref()
+        .is_some_and(|claim_id| !valid_claim_id(claim_id))
+    {
+        return Err(ApiError::InvalidRequest(format!(
+            "claim_id must be 1 to {MAX_CLAIM_ID_BYTES} of A-Z a-z 0-9 . _ : -"
+        )));
+    }
     let max_wait_ms = limits.max_claim_wait.as_millis() as u64;
     if request.wait_ms > max_wait_ms {
         return Err(ApiError::InvalidRequest(format!(
@@ -164,7 +189,10 @@ pub async fn claim(
         let notified = work_queued.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let claimed = state.scheduler.claim(worker.clone(), request.max).await?;
+        let claimed = state
+            .scheduler
+            .claim(worker.clone(), request.max, request.claim_id.clone())
+            .await?;
         if let Some(reason) = &claimed.refused {
             return Ok(Json(refusal(reason)));
         }

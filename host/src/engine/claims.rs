@@ -130,6 +130,7 @@ impl Engine {
         task: &Task,
         worker: &str,
         gpu: Option<u32>,
+        claim_id: Option<&str>,
     ) -> Result<Change, crate::model::IllegalTransition> {
         let lease_ms = self.options.lease_ms;
         let attempt = task.attempt.saturating_add(1);
@@ -145,6 +146,7 @@ impl Engine {
             refusal_logged: false,
             ended_at_ms: None,
             stopped_at_ms: None,
+            claim_id: claim_id.map(str::to_owned),
         };
         let detail = format!("attempt {attempt} leased to worker {worker}");
         self.plan_with(

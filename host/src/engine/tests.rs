@@ -118,6 +118,7 @@ fn recovery_rebuilds_queues_leases_and_numbering_from_the_live_tasks() {
         refusal_logged: false,
         ended_at_ms: None,
         stopped_at_ms: None,
+        claim_id: None,
     });
     let recovery = Recovery {
         last_event_seq: 41,

@@ -163,6 +163,11 @@ pub struct Lease {
     /// without it saying so (then this is at or after `expires_at_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_at_ms: Option<u64>,
+    /// The worker's name for the claim that granted this lease: the same claim sent again
+    /// (its answer was lost, say with the replica that served it) is answered with the leases
+    /// it granted instead of new ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_id: Option<String>,
 }
 
 impl Lease {

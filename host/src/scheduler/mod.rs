@@ -11,6 +11,7 @@
 
 mod callbacks;
 mod clock;
+mod committer;
 mod flusher;
 mod retention;
 mod task_cache;
@@ -273,10 +274,23 @@ impl Scheduler {
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
-    /// Leases up to `max` tasks to `worker` at once, or says why it gets none.
-    pub async fn claim(&self, worker: String, max: usize) -> Result<Claimed, SchedulerError> {
+    /// Leases up to `max` tasks to `worker` at once, or says why it gets none; `claim_id`
+    /// names the claim so that sending it again returns what it granted.
+    pub async fn claim(
+        &self,
+        worker: String,
+        max: usize,
+        claim_id: Option<String>,
+    ) -> Result<Claimed, SchedulerError> {
         let (reply, answer) = oneshot::channel();
-        self.step(Input::Claim { worker, max }, Answer::Claimed(reply))?;
+        self.step(
+            Input::Claim {
+                worker,
+                max,
+                claim_id,
+            },
+            Answer::Claimed(reply),
+        )?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 

@@ -150,7 +150,7 @@ async fn a_claim_is_answered_once_written_and_a_report_once_synced() {
     worker_and_tasks(&scheduler, "w", 1).await;
 
     store.hold_syncs(true);
-    let claim = scheduler.claim("w".into(), 1);
+    let claim = scheduler.claim("w".into(), 1, None);
     let claimed = tokio::time::timeout(std::time::Duration::from_secs(10), claim)
         .await
         .expect("the claim waited for a sync")
@@ -187,7 +187,7 @@ async fn with_sync_claims_a_claim_waits_for_its_sync() {
     store.hold_syncs(true);
     let claim = tokio::spawn({
         let scheduler = scheduler.clone();
-        async move { scheduler.claim("w".into(), 1).await }
+        async move { scheduler.claim("w".into(), 1, None).await }
     });
     until_in_state(&scheduler, State::Claimed, 1).await;
     tokio::task::yield_now().await;

@@ -190,6 +190,7 @@ impl<S: SimStore> Driver<S> {
         match self.step(Input::Claim {
             worker: worker.to_owned(),
             max,
+            claim_id: None,
         }) {
             Reply::Claimed(result) => result,
             other => Err(unexpected(other)),

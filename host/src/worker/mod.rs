@@ -127,6 +127,9 @@ pub async fn run<E: Executor>(
     let slots = config.heartbeat.max_concurrency.max(1) as usize;
     let capacity = Arc::new(Semaphore::new(slots));
     tokio::pin!(shutdown);
+    // A claim that got no answer is sent again under the same name, so the leases it may have
+    // granted come back instead of waiting out their timeout.
+    let mut unanswered_claim: Option<String> = None;
     loop {
         let free = tokio::select! {
             _ = &mut shutdown => break,
@@ -138,13 +141,24 @@ pub async fn run<E: Executor>(
                 Err(_) => break,
             },
         };
+        let claim_id = unanswered_claim
+            .take()
+            .unwrap_or_else(|| ulid::Ulid::new().to_string());
         let claimed = tokio::select! {
             _ = &mut shutdown => break,
-            claimed = client.claim(&config.id, free.min(crate::api::MAX_CLAIM), config.claim_wait_ms) => claimed,
+            claimed = client.claim(
+                &config.id,
+                free.min(crate::api::MAX_CLAIM),
+                config.claim_wait_ms,
+                Some(claim_id.as_str()),
+            ) => claimed,
         };
         let answer = match claimed {
             Ok(answer) => answer,
             Err(error) => {
+                if error.may_have_landed() {
+                    unanswered_claim = Some(claim_id);
+                }
                 stats.errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%error, "claim failed");
                 tokio::time::sleep(REFUSED_PAUSE).await;

@@ -302,7 +302,7 @@ async fn worker(
             last_beat = Instant::now();
         }
         let sent = Instant::now();
-        let claimed = client.claim(&id, batch, 200).await?;
+        let claimed = client.claim(&id, batch, 200, None).await?;
         if claimed.leases.is_empty() {
             empty += 1;
             continue;

@@ -6,7 +6,7 @@ use super::{CallbackJob, Claimed, StepError, Stepper};
 use crate::engine::{
     CallbackOutcome, Due, Report, RetryDecision, Verdict, WorkerView, failure_view, judge_report,
 };
-use crate::model::{Actor, FailureClass, Task, TaskId};
+use crate::model::{Actor, FailureClass, State, Task, TaskId};
 use rand::Rng;
 
 /// Timers handled per tick at most; the rest wait for the next tick.
@@ -15,7 +15,21 @@ const DUE_PER_TICK: usize = 1_024;
 const AGING_PER_BUCKET: usize = 4_096;
 
 impl Stepper<'_> {
-    pub(super) fn claim(&mut self, worker: &str, max: usize) -> Result<Claimed, StepError> {
+    pub(super) fn claim(
+        &mut self,
+        worker: &str,
+        max: usize,
+        claim_id: Option<&str>,
+    ) -> Result<Claimed, StepError> {
+        if let Some(claim_id) = claim_id {
+            let granted = self.granted_by(worker, claim_id)?;
+            if !granted.is_empty() {
+                return Ok(Claimed {
+                    leases: granted,
+                    refused: None,
+                });
+            }
+        }
         let now_ms = self.now_ms;
         let (picked, event) = self.engine.pick(now_ms, worker, max);
         self.change.worker_events.extend(event);
@@ -43,7 +57,7 @@ impl Stepper<'_> {
             let random: u128 = self.random.random();
             match self
                 .engine
-                .plan_claim(now_ms, random, &task, worker, pick.gpu)
+                .plan_claim(now_ms, random, &task, worker, pick.gpu, claim_id)
             {
                 Ok(change) => leases.push(self.plan(change)),
                 Err(illegal) => {
@@ -55,6 +69,25 @@ impl Stepper<'_> {
             leases,
             refused: None,
         })
+    }
+
+    /// The tasks `worker`'s claim `claim_id` leased that are still claimed and not yet
+    /// started: what that claim's answer carried, for the same claim sent again.
+    fn granted_by(&self, worker: &str, claim_id: &str) -> Result<Vec<Task>, StepError> {
+        let Some(state) = self.engine.workers.get(worker) else {
+            return Ok(Vec::new());
+        };
+        let mut granted = Vec::new();
+        for &id in state.leases.keys() {
+            let task = self.task(id)?;
+            let same_claim = task.lease.as_ref().is_some_and(|lease| {
+                lease.worker == worker && lease.claim_id.as_deref() == Some(claim_id)
+            });
+            if task.state == State::Claimed && same_claim {
+                granted.push(task);
+            }
+        }
+        Ok(granted)
     }
 
     pub(super) fn report(

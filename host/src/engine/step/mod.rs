@@ -47,6 +47,9 @@ pub enum Input {
     Claim {
         worker: String,
         max: usize,
+        /// The worker's name for this claim: sent again, it is answered with the leases it
+        /// granted while they are still unstarted, rather than with new ones.
+        claim_id: Option<String>,
     },
     /// A worker's reports on attempts it holds, each judged by its lease token on its own.
     Reports(Vec<(TaskId, String, Report)>),
@@ -252,7 +255,11 @@ impl Stepper<'_> {
                     .map(|()| self.engine.worker(now_ms, &worker).into_iter().collect())
                     .map_err(StepError::from),
             ),
-            Input::Claim { worker, max } => Reply::Claimed(self.claim(&worker, max)),
+            Input::Claim {
+                worker,
+                max,
+                claim_id,
+            } => Reply::Claimed(self.claim(&worker, max, claim_id.as_deref())),
             Input::Reports(reports) => Reply::Reports(
                 reports
                     .into_iter()
