@@ -4,6 +4,7 @@
 //! commits one group while the writer plans the next (`Pipeline`), and the writer reads what
 //! is still on its way to the store from `InFlight`.
 
+use super::Command;
 use super::flusher::Delivery;
 use crate::model::{Change, KeyRecord, Task, TaskId};
 use crate::store::{Store, StoreError};
@@ -12,6 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::thread::JoinHandle;
+use tokio::sync::mpsc::WeakSender;
 
 /// Groups committed or waiting to be, at most: one in the store's hands and one ready behind
 /// it. More would only lengthen the wait of the answers in the last one.
@@ -29,13 +31,13 @@ pub(super) struct Job {
 }
 
 /// Commits `job`'s change and passes it on: its written answers at once, the rest to the
-/// flusher. When the commit fails every answer gets the error, which is returned.
+/// flusher. When the commit fails the job comes back with the error, unanswered.
 pub(super) fn commit(
     store: &dyn Store,
     flusher: &SyncSender<Delivery>,
     metrics: &TaskMetrics,
     job: Job,
-) -> Result<(), Arc<StoreError>> {
+) -> Result<(), Refused> {
     let committed = if job.change.is_empty() {
         Ok(())
     } else {
@@ -56,19 +58,33 @@ pub(super) fn commit(
         }
         Err(error) => {
             tracing::error!(%error, "commit failed; answering its requests with an error");
-            let error = Arc::new(error);
-            fail(job, error.clone());
-            Err(error)
+            Err(Refused {
+                job: Box::new(job),
+                error: Arc::new(error),
+            })
         }
     }
 }
 
-/// Answers every request of a group that will not be committed with `error`.
-fn fail(job: Job, error: Arc<StoreError>) {
-    for delivery in job.written {
-        delivery(Err(error.clone()));
+/// A group that will not be committed, and why.
+pub(super) struct Refused {
+    pub job: Box<Job>,
+    pub error: Arc<StoreError>,
+}
+
+impl Refused {
+    /// Answers every request of the group with the error.
+    pub(super) fn answer(self) {
+        let Job {
+            written,
+            after_sync,
+            ..
+        } = *self.job;
+        for delivery in written {
+            delivery(Err(self.error.clone()));
+        }
+        after_sync(Err(self.error));
     }
-    (job.after_sync)(Err(error));
 }
 
 enum Message {
@@ -78,10 +94,12 @@ enum Message {
     Reset,
 }
 
-/// A group the committer has finished with.
+/// A group the committer has finished with: committed, or refused and handed back to the
+/// writer to answer once it has rebuilt its engine (so no one hears of the failure while the
+/// engine still holds what failed).
 pub(super) struct Done {
     pub number: u64,
-    pub failed: bool,
+    pub refused: Option<Refused>,
 }
 
 /// The committer thread and the writer's end of it.
@@ -94,17 +112,27 @@ pub(super) struct Pipeline {
 }
 
 impl Pipeline {
+    /// `wake` reaches the writer's inbox: a failed commit wakes a writer waiting for work, so
+    /// it rebuilds its engine and answers at once.
     pub(super) fn start(
         store: Arc<dyn Store>,
         flusher: SyncSender<Delivery>,
         metrics: Arc<TaskMetrics>,
+        wake: Option<WeakSender<Command>>,
     ) -> std::io::Result<Pipeline> {
         // Room for every group in flight and a reset behind them, so sending never blocks.
         let (messages, inbox) = std::sync::mpsc::sync_channel(MAX_IN_FLIGHT + 1);
         let (done_tx, done) = std::sync::mpsc::channel();
+        let committer = Committer {
+            store,
+            flusher,
+            metrics,
+            done: done_tx,
+            wake,
+        };
         let thread = std::thread::Builder::new()
             .name("sluice-committer".into())
-            .spawn(move || run(store.as_ref(), &flusher, &metrics, inbox, done_tx))?;
+            .spawn(move || committer.run(inbox))?;
         Ok(Pipeline {
             messages: Some(messages),
             done,
@@ -117,23 +145,28 @@ impl Pipeline {
         self.in_flight >= MAX_IN_FLIGHT
     }
 
-    pub(super) fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
-    /// Hands a group over; the caller waits for room first (`is_full`, `next_done`).
-    pub(super) fn send(&mut self, job: Job) {
+    /// Hands a group over; the caller waits for room first (`is_full`, `next_done`). The
+    /// group comes back refused if the committer has stopped.
+    pub(super) fn send(&mut self, job: Job) -> Result<(), Refused> {
         debug_assert!(!self.is_full(), "a group sent past the bound");
+        let stopped = |job| Refused {
+            job: Box::new(job),
+            error: Arc::new(StoreError::Io(std::io::Error::other(
+                "the committer has stopped",
+            ))),
+        };
         match &self.messages {
             Some(messages) => match messages.send(Message::Commit(job)) {
-                Ok(()) => self.in_flight += 1,
-                Err(unsent) => {
-                    if let Message::Commit(job) = unsent.0 {
-                        fail(job, stopped());
-                    }
+                Ok(()) => {
+                    self.in_flight += 1;
+                    Ok(())
                 }
+                Err(unsent) => match unsent.0 {
+                    Message::Commit(job) => Err(stopped(job)),
+                    Message::Reset => Ok(()),
+                },
             },
-            None => fail(job, stopped()),
+            None => Err(stopped(job)),
         }
     }
 
@@ -181,47 +214,47 @@ impl Pipeline {
     }
 }
 
-fn stopped() -> Arc<StoreError> {
-    Arc::new(StoreError::Io(std::io::Error::other(
-        "the committer has stopped",
-    )))
+struct Committer {
+    store: Arc<dyn Store>,
+    flusher: SyncSender<Delivery>,
+    metrics: Arc<TaskMetrics>,
+    done: std::sync::mpsc::Sender<Done>,
+    wake: Option<WeakSender<Command>>,
 }
 
-fn run(
-    store: &dyn Store,
-    flusher: &SyncSender<Delivery>,
-    metrics: &TaskMetrics,
-    inbox: Receiver<Message>,
-    done: std::sync::mpsc::Sender<Done>,
-) {
-    // Once a commit fails, every group behind it was planned on top of it: each is refused
-    // with the same error until the writer, having rebuilt its engine, says so.
-    let mut refusing: Option<Arc<StoreError>> = None;
-    while let Ok(message) = inbox.recv() {
-        let job = match message {
-            Message::Commit(job) => job,
-            Message::Reset => {
-                refusing = None;
-                continue;
-            }
-        };
-        let number = job.number;
-        let failed = match &refusing {
-            Some(error) => {
-                fail(job, error.clone());
-                true
-            }
-            None => match commit(store, flusher, metrics, job) {
-                Ok(()) => false,
-                Err(error) => {
-                    refusing = Some(error);
-                    true
+impl Committer {
+    fn run(self, inbox: Receiver<Message>) {
+        // Once a commit fails, every group behind it was planned on top of it: each is refused
+        // with the same error until the writer, having rebuilt its engine, says so.
+        let mut refusing: Option<Arc<StoreError>> = None;
+        while let Ok(message) = inbox.recv() {
+            let job = match message {
+                Message::Commit(job) => job,
+                Message::Reset => {
+                    refusing = None;
+                    continue;
                 }
-            },
-        };
-        if done.send(Done { number, failed }).is_err() {
-            // The writer is gone; what is still queued is answered as it is dropped.
-            break;
+            };
+            let number = job.number;
+            let refused = match &refusing {
+                Some(error) => Some(Refused {
+                    job: Box::new(job),
+                    error: error.clone(),
+                }),
+                None => commit(self.store.as_ref(), &self.flusher, &self.metrics, job).err(),
+            };
+            if let Some(refused) = &refused {
+                refusing.get_or_insert_with(|| refused.error.clone());
+            }
+            let wake = refused.is_some();
+            if self.done.send(Done { number, refused }).is_err() {
+                // The writer is gone; what is still queued is answered as it is dropped.
+                break;
+            }
+            if wake && let Some(inbox) = self.wake.as_ref().and_then(WeakSender::upgrade) {
+                // A full inbox means the writer is busy and settles before its next group.
+                let _ = inbox.try_send(Command::Tick { reply: None });
+            }
         }
     }
 }

@@ -190,6 +190,7 @@ impl Scheduler {
             callback_jobs,
         );
         writer.sync_claims = options.sync_claims;
+        writer.wake = Some(commands.downgrade());
         writer.metrics = options.metrics.clone();
         writer.durable_event_seq = Some(durable_tx);
         let (failed_tx, storage_failed) = watch::channel(None);

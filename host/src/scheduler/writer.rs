@@ -221,8 +221,11 @@ pub(crate) struct Writer {
     groups_planned: u64,
     /// Task writes a group takes at most (a batch goes whole).
     max_group_writes: usize,
-    /// A group in flight failed to commit: the engine is rebuilt before the next group.
-    commit_failed: bool,
+    /// Groups in flight that failed to commit (or were refused behind one that did): the
+    /// engine is rebuilt before the next group, then they are answered.
+    refused: Vec<committer::Refused>,
+    /// Reaches this writer's inbox without keeping it open: a failed commit wakes it.
+    pub(super) wake: Option<mpsc::WeakSender<Command>>,
     /// See `SchedulerOptions::sync_claims`.
     pub(super) sync_claims: bool,
     pub(super) metrics: Arc<crate::telemetry::TaskMetrics>,
@@ -264,7 +267,8 @@ impl Writer {
             pipeline: None,
             in_flight: InFlight::default(),
             groups_planned: 0,
-            commit_failed: false,
+            refused: Vec::new(),
+            wake: None,
             max_group_writes: MAX_GROUP_TASKS,
             sync_claims: false,
             metrics: Arc::default(),
@@ -278,7 +282,8 @@ impl Writer {
     pub(crate) fn run(mut self, mut inbox: mpsc::Receiver<Command>) {
         if self.store.is_remote() {
             let (store, flusher) = (self.store.clone(), self.flusher.clone());
-            match Pipeline::start(store, flusher, self.metrics.clone()) {
+            let wake = self.wake.clone();
+            match Pipeline::start(store, flusher, self.metrics.clone(), wake) {
                 Ok(pipeline) => {
                     self.pipeline = Some(pipeline);
                     self.max_group_writes = MAX_REMOTE_GROUP_TASKS;
@@ -605,48 +610,51 @@ impl Writer {
             after_sync,
         };
         let Some(pipeline) = &mut self.pipeline else {
-            if committer::commit(self.store.as_ref(), &self.flusher, &self.metrics, job).is_err() {
+            if let Err(refused) =
+                committer::commit(self.store.as_ref(), &self.flusher, &self.metrics, job)
+            {
                 self.resync();
+                refused.answer();
             }
             return;
         };
         while pipeline.is_full() {
-            match pipeline.next_done(true) {
-                // A failure is acted on by `settle` before the next group; this one, planned
-                // on top of the failed group, is refused by the committer meanwhile.
-                Some(done) => {
-                    self.in_flight.landed(done.number);
-                    self.commit_failed |= done.failed;
-                }
-                None => break,
-            }
+            // A failure is acted on by `settle` before the next group; this one, planned on
+            // top of the failed group, is refused by the committer meanwhile.
+            let Some(done) = pipeline.next_done(true) else {
+                break;
+            };
+            self.in_flight.landed(done.number);
+            self.refused.extend(done.refused);
         }
         self.in_flight.add(job.number, &job.change);
-        pipeline.send(job);
+        if let Err(refused) = pipeline.send(job) {
+            self.refused.push(refused);
+        }
     }
 
     /// Takes in what the committer has finished since the last group. After a failed commit,
-    /// waits for the rest in flight (refused behind it) and rebuilds the engine from the
-    /// store, as the inline path does at once.
+    /// waits for the rest in flight (refused behind it), rebuilds the engine from the store,
+    /// and only then answers the refused groups' requests, as the inline path does.
     fn settle(&mut self) {
         let Some(pipeline) = &mut self.pipeline else {
             return;
         };
         while let Some(done) = pipeline.next_done(false) {
             self.in_flight.landed(done.number);
-            self.commit_failed |= done.failed;
+            self.refused.extend(done.refused);
         }
-        if !std::mem::take(&mut self.commit_failed) {
+        if self.refused.is_empty() {
             return;
         }
-        while pipeline.in_flight() > 0 {
-            if pipeline.next_done(true).is_none() {
-                break;
-            }
+        while let Some(done) = pipeline.next_done(true) {
+            self.refused.extend(done.refused);
         }
+        pipeline.reset();
         self.resync();
-        if let Some(pipeline) = &mut self.pipeline {
-            pipeline.reset();
+        self.snapshot.store(Arc::new(self.engine.snapshot()));
+        for refused in std::mem::take(&mut self.refused) {
+            refused.answer();
         }
     }
 
