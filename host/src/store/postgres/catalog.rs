@@ -1,8 +1,9 @@
 //! The policy catalog (components, versions, activation stacks, the policy log, data blobs, the
 //! compiled-code cache, experiments) and the access catalog (tokens, the audit log) in
 //! PostgreSQL. Each write is one transaction; those that log an event take a transaction-scoped
-//! advisory lock to number it, so replicas writing at once never share a `seq`, and notify
-//! `sluice_catalog` with what changed, for the replicas that follow the catalog.
+//! advisory lock to number it, so replicas writing at once never share a `seq`. Only the leader
+//! writes here in practice (followers forward every request to it), and a replica that takes
+//! the lease over reads the catalog afresh, so no replica keeps a copy to be told about.
 
 use super::{PgStore, corrupt, int8, uint8};
 use crate::model::{AuditEvent, Experiment, PolicyEvent, PolicyKind, PolicyVersion, TokenRecord};
@@ -12,9 +13,6 @@ use crate::store::{AccessCatalog, MAX_AUDIT_EVENTS, PolicyCatalog, StoreError};
 /// these spell "slcp" and "slca").
 const POLICY_LOG_LOCK: i64 = 0x736c_6370;
 const AUDIT_LOG_LOCK: i64 = 0x736c_6361;
-
-/// The channel a catalog change is announced on; the payload names the log and the `seq`.
-pub const CATALOG_CHANNEL: &str = "sluice_catalog";
 
 fn json<T: serde::Serialize>(value: &T, what: &'static str) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(value).map_err(|e| corrupt(what, e))
@@ -128,11 +126,6 @@ impl PgStore {
                 .bind(int8(event.seq))
                 .bind(kind_code(event.kind))
                 .bind(json(&event, "policy log")?)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(CATALOG_CHANNEL)
-                .bind(format!("policy {}", event.seq))
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
@@ -375,11 +368,6 @@ impl PgStore {
                     .execute(&mut *tx)
                     .await?;
             }
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(CATALOG_CHANNEL)
-                .bind(format!("audit {}", event.seq))
-                .execute(&mut *tx)
-                .await?;
             tx.commit().await?;
             Ok(event)
         })
