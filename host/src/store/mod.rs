@@ -26,7 +26,7 @@ pub const DEFAULT_MIN_FREE_DISK_BYTES: u64 = 128 << 20;
 /// stay `Io` (so a full disk is still recognisable), and the rest travel as `Backend`.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot open the data directory {path}: {source}")]
+    #[error("cannot open the store at {path}: {source}")]
     Open {
         path: String,
         source: Box<dyn std::error::Error + Send + Sync>,

@@ -32,7 +32,7 @@ impl ChildServer {
     pub fn start_fresh_on_postgres(server_url: &str) -> anyhow::Result<ChildServer> {
         let data_dir = tempfile::tempdir().context("cannot create a temporary data directory")?;
         let database = scratch_database(server_url, "sluice_bench")
-            .with_context(|| format!("cannot create a database on {}", redacted(server_url)))?;
+            .context("cannot create the bench's database")?;
         let started = Self::spawn(&[
             "serve".as_ref(),
             "--listen".as_ref(),

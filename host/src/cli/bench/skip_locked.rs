@@ -65,7 +65,7 @@ pub async fn run(args: SkipLockedBenchArgs) -> anyhow::Result<()> {
     let server = args.store.clone();
     let database = tokio::task::spawn_blocking(move || scratch_database(&server, "sluice_queue"))
         .await?
-        .with_context(|| format!("cannot create a database on {}", redacted(&args.store)))?;
+        .context("cannot create the bench's database")?;
     let measured = measure(&args, &database).await;
     let dropped = tokio::task::spawn_blocking(move || drop_scratch_database(&database)).await?;
     let figures = measured?;
