@@ -1,6 +1,6 @@
 //! Claims: which waiting tasks a worker gets. Buckets are served by smooth weighted round
-//! robin over the buckets that hold a task this worker can run, first in line first inside a
-//! bucket; each grant becomes a lease.
+//! robin over the buckets that hold a task this worker can run; inside a bucket, tenants by
+//! fair share (`queues`), first in line first inside a tenant; each grant becomes a lease.
 
 use super::breaker::{Allowance, BreakerState};
 use super::{Engine, Waiting};
@@ -94,20 +94,24 @@ impl Engine {
         let mut chosen: BTreeSet<TaskId> = BTreeSet::new();
         let mut picks = Vec::with_capacity(want);
         while picks.len() < want {
-            let candidates: [Option<(TaskId, Option<u32>)>; 3] = Priority::ALL.map(|bucket| {
+            let candidates: [Option<(TaskId, Option<u32>, u32)>; 3] = Priority::ALL.map(|bucket| {
                 self.queues
-                    .iter(bucket)
+                    .fair_iter(bucket)
                     .take(self.options.fit_scan_limit)
                     .filter(|w: &&Waiting| !chosen.contains(&w.id))
-                    .find_map(|w| worker.fit(w, &free_gpus).map(|gpu| (w.id, gpu)))
+                    .find_map(|w| {
+                        let gpu = worker.fit(w, &free_gpus)?;
+                        Some((w.id, gpu, w.view.tenant))
+                    })
             });
             let eligible = candidates.map(|c| c.is_some());
             let Some(bucket) = self.wrr.pick(self.bucket_weights, eligible) else {
                 break;
             };
-            let Some((task, gpu)) = candidates[bucket.index()] else {
+            let Some((task, gpu, tenant)) = candidates[bucket.index()] else {
                 break;
             };
+            self.queues.charge(bucket, tenant, &self.tenant_weights);
             if let Some(room) = gpu.and_then(|gpu| free_gpus.get_mut(&gpu)) {
                 let memory_mb = self.queues.get(task).map_or(0, |w| w.gpu_memory_mb);
                 room.take(memory_mb);

@@ -22,6 +22,10 @@ pub trait Decide: Send + Sync + 'static {
     fn admit(&self, now_ms: u64, first_seq: u64, specs: &[&TaskSpec]) -> Vec<Admission>;
     /// Urgent, normal and low.
     fn bucket_weights(&self, now_ms: u64) -> [u32; 3];
+    /// Fair share inside a bucket: weights by tenant name; a tenant not named weighs 1.
+    fn tenant_weights(&self, _now_ms: u64) -> Vec<(String, u32)> {
+        Vec::new()
+    }
     /// The index in `waiting` and the new bucket of each task to promote. `variant`: the
     /// live aging experiment's variant these tasks were all assigned, if any.
     fn age(
@@ -71,6 +75,9 @@ pub struct NativeDecider {
     pub retry: retry_backoff::Settings,
     /// Urgent, normal and low, as the priority policy's defaults give them.
     pub bucket_weights: [u32; 3],
+    /// Fair-share weights by tenant name (`priority-buckets`' `tenant_weights`); none named
+    /// by default, so every tenant weighs 1.
+    pub tenant_weights: Vec<(String, u32)>,
     /// Stored shards a search splits over, one child each (`split-shards`' `shards`).
     pub shards: u32,
 }
@@ -81,6 +88,7 @@ impl Default for NativeDecider {
             aging: aging_threshold::Settings::default(),
             retry: retry_backoff::Settings::default(),
             bucket_weights: DEFAULT_BUCKET_WEIGHTS,
+            tenant_weights: Vec::new(),
             shards: 1,
         }
     }
@@ -115,6 +123,10 @@ impl Decide for NativeDecider {
 
     fn bucket_weights(&self, _now_ms: u64) -> [u32; 3] {
         self.bucket_weights
+    }
+
+    fn tenant_weights(&self, _now_ms: u64) -> Vec<(String, u32)> {
+        self.tenant_weights.clone()
     }
 
     fn age(

@@ -33,7 +33,7 @@ pub use decide::{
     Decide, Decided, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
 };
 pub use family::{ChildPlan, SHARD_LABEL, ready_to_merge};
-pub use queues::{BucketQueues, Waiting};
+pub use queues::{BucketQueues, NamedWeights, TenantWeights, Waiting};
 pub use reaper::Due;
 pub use reports::{Report, RetryDecision, Verdict, judge_report};
 pub use step::{CallbackJob, Claimed, Input, Read, Reply, Step, StepError, Submitted};
@@ -133,6 +133,8 @@ pub struct Engine {
     timers: timers::Timers,
     wrr: wrr::SmoothWrr,
     bucket_weights: [u32; 3],
+    /// Fair share inside a bucket, as the priority policy last gave it.
+    tenant_weights: TenantWeights,
     tasks_by_state: [u64; 12],
     illegal_transitions: u64,
     /// When the next tick ages the queues.
@@ -157,6 +159,7 @@ impl Engine {
             timers: timers::Timers::default(),
             wrr: wrr::SmoothWrr::default(),
             bucket_weights: DEFAULT_BUCKET_WEIGHTS,
+            tenant_weights: TenantWeights::default(),
             tasks_by_state: [0; 12],
             illegal_transitions: 0,
             next_aging_ms: 0,
@@ -199,6 +202,18 @@ impl Engine {
     /// The weights the buckets are served by, as the priority policy last gave them.
     pub fn set_bucket_weights(&mut self, weights: [u32; 3]) {
         self.bucket_weights = weights;
+    }
+
+    /// Takes the policy's weights (buckets and tenants) from the engine this one replaces.
+    pub fn inherit_weights(&mut self, from: &Engine) {
+        self.bucket_weights = from.bucket_weights;
+        self.tenant_weights = from.tenant_weights.clone();
+    }
+
+    /// The tenants' weights for fair share inside each bucket, as the priority policy last
+    /// gave them (by name; a tenant not named weighs 1).
+    pub fn set_tenant_weights(&mut self, weights: &[(String, u32)]) {
+        self.tenant_weights = TenantWeights::from_names(weights);
     }
 
     /// Whether tasks of `kind` are split on admission.

@@ -5,6 +5,12 @@ pub mod priority {
     wasmtime::component::bindgen!({ world: "priority-policy", path: "../wit" });
 }
 
+/// The fairness export a priority component may have beside `priority`: looked up on its
+/// instance, so a component built without it still loads.
+pub mod fairness {
+    wasmtime::component::bindgen!({ world: "fairness-policy", path: "../wit" });
+}
+
 pub mod aging {
     wasmtime::component::bindgen!({ world: "aging-policy", path: "../wit" });
 }

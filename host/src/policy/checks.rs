@@ -47,6 +47,38 @@ pub fn bucket_weights(weights: Vec<u32>) -> Result<Vec<u32>, String> {
     Ok(weights)
 }
 
+/// Tenants a priority policy may weigh, and the largest weight (as the SDK's components check).
+pub const MAX_TENANT_WEIGHTS: usize = 10_000;
+pub const MAX_TENANT_WEIGHT: u32 = 10_000;
+
+/// Each tenant named once, by a valid name, with a weight of 1 to `MAX_TENANT_WEIGHT`.
+pub fn tenant_weights(
+    weights: Option<Vec<(String, u32)>>,
+) -> Result<Option<Vec<(String, u32)>>, String> {
+    let Some(weights) = weights else {
+        return Ok(None);
+    };
+    if weights.len() > MAX_TENANT_WEIGHTS {
+        return Err(format!(
+            "tenant-weights named {} tenants, more than {MAX_TENANT_WEIGHTS}",
+            weights.len()
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (tenant, weight) in &weights {
+        crate::model::check_name("tenant", tenant).map_err(|e| format!("tenant-weights: {e}"))?;
+        if !(1..=MAX_TENANT_WEIGHT).contains(weight) {
+            return Err(format!(
+                "tenant-weights gave {tenant} {weight}, outside 1..={MAX_TENANT_WEIGHT}"
+            ));
+        }
+        if !seen.insert(tenant.as_str()) {
+            return Err(format!("tenant-weights named {tenant} twice"));
+        }
+    }
+    Ok(Some(weights))
+}
+
 /// Unpacks one admission per task asked about, each with a timeout in bounds.
 pub fn admissions(asked: usize, words: &[u64]) -> Result<Vec<Admission>, String> {
     same_length(words.len(), asked * ADMISSION_WORDS, "admission words")?;

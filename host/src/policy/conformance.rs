@@ -37,6 +37,7 @@ fn fault(what: &str) -> impl Fn(super::PolicyError) -> String + '_ {
 impl Conformance for PriorityInstance {
     fn conformance(&mut self) -> Result<(), String> {
         checks::bucket_weights(self.bucket_weights().map_err(fault("bucket-weights"))?)?;
+        checks::tenant_weights(self.tenant_weights().map_err(fault("tenant-weights"))?)?;
         let tasks: Vec<View> = (0..12u64)
             .map(|seq| view(seq, Bucket::ALL[seq as usize % 3], NOW_MS - seq, 0))
             .collect();

@@ -139,6 +139,16 @@ impl Decide for PolicyDecider {
             .collect()
     }
 
+    fn tenant_weights(&self, now_ms: u64) -> Vec<(String, u32)> {
+        match self.registry.tenant_weights(now_ms) {
+            Ok(decided) => decided.answer.unwrap_or_default(),
+            Err(error) => {
+                tracing::error!(%error, "every priority policy version faulted; every tenant weighs the same");
+                self.native.tenant_weights(now_ms)
+            }
+        }
+    }
+
     fn bucket_weights(&self, now_ms: u64) -> [u32; 3] {
         match self.registry.bucket_weights(now_ms) {
             Ok(decided) => match decided.answer[..] {

@@ -13,6 +13,15 @@ use policy_packed::{
 };
 
 impl PolicyRegistry {
+    /// The tenants' weights for fair share; `None` from a component without the export.
+    pub fn tenant_weights(
+        &self,
+        now_ms: u64,
+    ) -> Result<Decided<Option<crate::engine::NamedWeights>>, PolicyError> {
+        self.priority
+            .decide(now_ms, |p| p.tenant_weights(), checks::tenant_weights)
+    }
+
     pub fn bucket_weights(&self, now_ms: u64) -> Result<Decided<Vec<u32>>, PolicyError> {
         self.priority
             .decide(now_ms, |p| p.bucket_weights(), checks::bucket_weights)

@@ -16,6 +16,8 @@ macro_rules! policy_instance {
             pre: bindings::$module::$pre<Sandbox>,
             store: Store<Sandbox>,
             instance: bindings::$module::$world,
+            /// The same instance untyped, for an export beside the world's (`fairness`).
+            raw: wasmtime::component::Instance,
             config: Vec<u8>,
             grants: super::runtime::Grants,
             data: super::runtime::PolicyData,
@@ -31,12 +33,13 @@ macro_rules! policy_instance {
                     .map_err(|e| PolicyError::WrongWorld(compiled.kind, format!("{e:#}")))?;
                 let grants = compiled.grants;
                 let data = compiled.data.clone();
-                let (store, instance) = Self::start(&runtime, &pre, config, grants, &data)?;
+                let (store, instance, raw) = Self::start(&runtime, &pre, config, grants, &data)?;
                 Ok($name {
                     runtime,
                     pre,
                     store,
                     instance,
+                    raw,
                     config: config.to_vec(),
                     grants,
                     data,
@@ -49,18 +52,30 @@ macro_rules! policy_instance {
                 config: &[u8],
                 grants: super::runtime::Grants,
                 data: &super::runtime::PolicyData,
-            ) -> Result<(Store<Sandbox>, bindings::$module::$world), PolicyError> {
+            ) -> Result<
+                (
+                    Store<Sandbox>,
+                    bindings::$module::$world,
+                    wasmtime::component::Instance,
+                ),
+                PolicyError,
+            > {
                 let mut store = runtime.store(grants, data.clone());
                 // Start-up and init see the clock at 0: they have no instant of their own.
                 runtime.arm(&mut store, 0);
-                let instance = pre.instantiate(&mut store).map_err(|e| fault(&store, e))?;
+                let raw = pre
+                    .instance_pre()
+                    .instantiate(&mut store)
+                    .map_err(|e| fault(&store, e))?;
+                let instance = bindings::$module::$world::new(&mut store, &raw)
+                    .map_err(|e| fault(&store, e))?;
                 runtime.arm(&mut store, 0);
                 instance
                     .$interface()
                     .call_init(&mut store, config)
                     .map_err(|e| fault(&store, e))?
                     .map_err(PolicyError::Init)?;
-                Ok((store, instance))
+                Ok((store, instance, raw))
             }
 
             /// Runs one call at `now_ms` under its fuel; a fault replaces the instance before
@@ -70,15 +85,16 @@ macro_rules! policy_instance {
                 now_ms: u64,
                 body: impl FnOnce(
                     &bindings::$module::$world,
+                    wasmtime::component::Instance,
                     &mut Store<Sandbox>,
                 ) -> wasmtime::Result<R>,
             ) -> Result<R, PolicyError> {
                 self.runtime.arm(&mut self.store, now_ms);
-                match body(&self.instance, &mut self.store) {
+                match body(&self.instance, self.raw, &mut self.store) {
                     Ok(answer) => Ok(answer),
                     Err(error) => {
                         let fault = fault(&self.store, error);
-                        let (store, instance) = Self::start(
+                        let (store, instance, raw) = Self::start(
                             &self.runtime,
                             &self.pre,
                             &self.config,
@@ -87,6 +103,7 @@ macro_rules! policy_instance {
                         )?;
                         self.store = store;
                         self.instance = instance;
+                        self.raw = raw;
                         Err(fault)
                     }
                 }
@@ -175,15 +192,30 @@ use bindings::aging::sluice::policy::types::Bucket as WitBucket;
 use bindings::split::exports::sluice::policy::split::{SplitRequest, Subtask};
 
 impl PriorityInstance {
+    /// The tenants' weights, or `None` when the component does not export `fairness` (it was
+    /// built before it existed, or without it): then every tenant weighs the same.
+    pub fn tenant_weights(&mut self) -> Result<Option<Vec<(String, u32)>>, PolicyError> {
+        self.call(
+            0,
+            |_, raw, store| match bindings::fairness::FairnessPolicy::new(&mut *store, &raw) {
+                Ok(fairness) => fairness
+                    .sluice_policy_fairness()
+                    .call_tenant_weights(store)
+                    .map(Some),
+                Err(_) => Ok(None),
+            },
+        )
+    }
+
     pub fn bucket_weights(&mut self) -> Result<Vec<u32>, PolicyError> {
-        self.call(0, |i, store| {
+        self.call(0, |i, _, store| {
             i.sluice_policy_priority().call_bucket_weights(store)
         })
     }
 
     /// `tasks`: packed task views; the answer: packed admissions (see `policy_packed`).
     pub fn admit(&mut self, now_ms: u64, tasks: &[u64]) -> Result<Vec<u64>, PolicyError> {
-        self.call(now_ms, |i, store| {
+        self.call(now_ms, |i, _, store| {
             i.sluice_policy_priority().call_admit(store, now_ms, tasks)
         })
     }
@@ -194,7 +226,7 @@ impl PriorityInstance {
         now_ms: u64,
         task: (u64, u64, u64, u64, u64, u64),
     ) -> Result<(u64, u64, u64), PolicyError> {
-        self.call(now_ms, |i, store| {
+        self.call(now_ms, |i, _, store| {
             i.sluice_policy_priority()
                 .call_admit_one(store, now_ms, task)
         })
@@ -204,7 +236,7 @@ impl PriorityInstance {
 impl AgingInstance {
     /// `waiting`: packed task views.
     pub fn age(&mut self, now_ms: u64, waiting: &[u64]) -> Result<Vec<Promotion>, PolicyError> {
-        self.call(now_ms, |i, store| {
+        self.call(now_ms, |i, _, store| {
             i.sluice_policy_aging().call_age(store, now_ms, waiting)
         })
     }
@@ -215,7 +247,7 @@ impl AgingInstance {
         now_ms: u64,
         task: (u64, u64, u64, u64, u64, u64),
     ) -> Result<Option<WitBucket>, PolicyError> {
-        self.call(now_ms, |i, store| {
+        self.call(now_ms, |i, _, store| {
             i.sluice_policy_aging().call_age_one(store, now_ms, task)
         })
     }
@@ -224,7 +256,7 @@ impl AgingInstance {
 impl RetryInstance {
     /// `failures`: packed failures; the answer: one packed decision each.
     pub fn decide(&mut self, now_ms: u64, failures: &[u64]) -> Result<Vec<u64>, PolicyError> {
-        self.call(now_ms, |i, store| {
+        self.call(now_ms, |i, _, store| {
             i.sluice_policy_retry().call_decide(store, now_ms, failures)
         })
     }
@@ -235,7 +267,7 @@ impl RetryInstance {
         now_ms: u64,
         failure: policy_packed::FailureWords,
     ) -> Result<u64, PolicyError> {
-        self.call(now_ms, |i, store| {
+        self.call(now_ms, |i, _, store| {
             i.sluice_policy_retry()
                 .call_decide_one(store, now_ms, failure)
         })
@@ -248,7 +280,7 @@ impl SplitInstance {
         &mut self,
         request: &SplitRequest,
     ) -> Result<Result<Vec<Subtask>, String>, PolicyError> {
-        self.call(0, |i, store| {
+        self.call(0, |i, _, store| {
             i.sluice_policy_split().call_split(store, request)
         })
     }
@@ -263,7 +295,7 @@ impl MergeInstance {
         weights: &[f32],
         hits: &[u64],
     ) -> Result<Result<Vec<u64>, String>, PolicyError> {
-        self.call(0, |i, store| {
+        self.call(0, |i, _, store| {
             i.sluice_policy_merge().call_merge(store, k, weights, hits)
         })
     }

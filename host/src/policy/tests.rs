@@ -106,6 +106,17 @@ fn priority_aging_split_and_merge_defaults_answer_through_wasm() {
         .unwrap();
     let mut priority = PriorityInstance::new(runtime.clone(), &compiled, b"").unwrap();
     assert_eq!(priority.bucket_weights().unwrap(), [60, 35, 5]);
+    assert_eq!(priority.tenant_weights().unwrap(), Some(Vec::new()));
+    let mut weighted = PriorityInstance::new(
+        runtime.clone(),
+        &compiled,
+        b"tenant_weights=site-a:3,site-b:2",
+    )
+    .unwrap();
+    assert_eq!(
+        weighted.tenant_weights().unwrap(),
+        Some(vec![("site-a".to_owned(), 3), ("site-b".to_owned(), 2)])
+    );
     let view = |seq, bucket, since, est_exec_ms| View {
         tenant: 1,
         kind: 2,
@@ -373,4 +384,27 @@ fn a_component_built_before_the_wit_grew_still_loads_and_decides() {
             Ok(Decision::Dead(DeadReason::Permanent))
         ]
     );
+}
+
+/// A priority component built at commit 03f8947, before the `fairness` export: it still
+/// loads and admits, and answers no tenant weights, so every tenant weighs the same.
+#[test]
+fn a_priority_component_without_fairness_loads_and_weighs_tenants_alike() {
+    const BEFORE: &[u8] = include_bytes!("../../fixtures/priority-buckets-built-at-03f8947.wasm");
+    let runtime = runtime();
+    let compiled = runtime.compile(Kind::Priority, BEFORE).unwrap();
+    let mut policy = PriorityInstance::new(runtime, &compiled, b"weights=70,25,5").unwrap();
+    assert_eq!(policy.bucket_weights().unwrap(), [70, 25, 5]);
+    assert_eq!(policy.tenant_weights().unwrap(), None);
+    let (bucket, rank, timeout) = policy
+        .admit_one(
+            0,
+            View {
+                est_exec_ms: 60_000,
+                ..View::in_bucket(9, Bucket::Normal)
+            }
+            .words(),
+        )
+        .unwrap();
+    assert_eq!((bucket, rank, timeout), (1, 9, 120_000));
 }

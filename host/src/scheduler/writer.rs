@@ -666,7 +666,7 @@ impl Writer {
             Ok(recovery) => {
                 let options = self.engine.options().clone();
                 let mut engine = Engine::recover(recovery, options).0;
-                engine.set_bucket_weights(self.engine.snapshot().bucket_weights);
+                engine.inherit_weights(&self.engine);
                 self.engine = engine;
             }
             Err(error) => tracing::error!(%error, "cannot re-read the store after a failed commit"),

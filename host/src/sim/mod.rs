@@ -258,4 +258,6 @@ mod callback_room_tests;
 #[cfg(test)]
 mod cancel_tests;
 #[cfg(test)]
+mod fairness_tests;
+#[cfg(test)]
 mod tests;

@@ -1,7 +1,8 @@
 //! Priority policy: a task waits in the bucket of its submitted priority, first come first
 //! served (rank = arrival sequence), and one attempt may run `est_exec_ms` times a factor per
 //! bucket (1.5 urgent, 2 normal, 3 low: urgent work is given up on sooner). Claims are shared
-//! among buckets by weight, 60/35/5 by default.
+//! among buckets by weight, 60/35/5 by default; inside a bucket, among tenants by the weights
+//! of `tenant_weights` (`site-a:3,site-b:1`; a tenant not named weighs 1).
 
 // no_std in the component: std's runtime was half of each one's size. Native builds (the
 // tests, the host's benchmark) keep std.
@@ -21,6 +22,8 @@ pub struct Settings {
     /// Timeout factors in thousandths, by bucket: urgent, normal, low.
     pub timeout_factor_milli: [u64; 3],
     pub weights: [u32; 3],
+    /// Fair-share weights by tenant name; a tenant not named weighs 1.
+    pub tenant_weights: Vec<(String, u32)>,
 }
 
 impl Default for Settings {
@@ -28,16 +31,59 @@ impl Default for Settings {
         Settings {
             timeout_factor_milli: [1500, 2000, 3000],
             weights: [60, 35, 5],
+            tenant_weights: Vec::new(),
         }
     }
 }
 
-const NAMES: [&str; 4] = [
+const NAMES: [&str; 5] = [
     "urgent_timeout_factor",
     "normal_timeout_factor",
     "low_timeout_factor",
     "weights",
+    "tenant_weights",
 ];
+
+/// The most tenants `tenant_weights` may name, and the largest weight.
+const MAX_TENANT_WEIGHTS: usize = 10_000;
+const MAX_TENANT_WEIGHT: u32 = 10_000;
+
+/// `site-a:3,site-b:1`: each tenant once, each weight 1 to 10,000.
+fn parse_tenant_weights(text: &str) -> Result<Vec<(String, u32)>, String> {
+    let mut weights: Vec<(String, u32)> = Vec::new();
+    for item in text
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
+        let (tenant, weight) = item
+            .rsplit_once(':')
+            .ok_or_else(|| format!("`tenant_weights`: `{item}` is not tenant:weight"))?;
+        let weight: u32 = weight
+            .trim()
+            .parse()
+            .ok()
+            .filter(|w| (1..=MAX_TENANT_WEIGHT).contains(w))
+            .ok_or_else(|| {
+                format!(
+                    "`tenant_weights`: the weight of `{tenant}` must be 1 to {MAX_TENANT_WEIGHT}"
+                )
+            })?;
+        let tenant = tenant.trim();
+        if tenant.is_empty() || weights.iter().any(|(named, _)| named == tenant) {
+            return Err(format!(
+                "`tenant_weights`: `{tenant}` is empty or named twice"
+            ));
+        }
+        weights.push((tenant.to_string(), weight));
+    }
+    if weights.len() > MAX_TENANT_WEIGHTS {
+        return Err(format!(
+            "`tenant_weights` names at most {MAX_TENANT_WEIGHTS} tenants"
+        ));
+    }
+    Ok(weights)
+}
 
 impl Settings {
     pub fn parse(bytes: &[u8]) -> Result<Settings, String> {
@@ -62,9 +108,14 @@ impl Settings {
         if weights.iter().sum::<u32>() == 0 || weights.iter().any(|&w| w > 1000) {
             return Err("`weights` must each be 0 to 1000 and not all 0".into());
         }
+        let tenant_weights = match config.text("tenant_weights") {
+            Some(text) => parse_tenant_weights(text)?,
+            None => Vec::new(),
+        };
         Ok(Settings {
             timeout_factor_milli,
             weights,
+            tenant_weights,
         })
     }
 
@@ -91,6 +142,10 @@ impl sluice_policy::Priority for Settings {
 
     fn admit(&self, _now_ms: u64, task: &View) -> Admission {
         Settings::admit(self, task)
+    }
+
+    fn tenant_weights(&self) -> Vec<(String, u32)> {
+        self.tenant_weights.clone()
     }
 }
 
@@ -133,6 +188,25 @@ mod tests {
                 .attempt_timeout_ms,
             u64::MAX / 1000
         );
+    }
+
+    #[test]
+    fn tenant_weights_are_named_once_each_with_a_weight_of_1_to_10000() {
+        let settings = Settings::parse(b"tenant_weights=site-a:3, site-b:1").unwrap();
+        assert_eq!(
+            settings.tenant_weights,
+            [("site-a".to_string(), 3), ("site-b".to_string(), 1)]
+        );
+        assert!(Settings::parse(b"").unwrap().tenant_weights.is_empty());
+        for bad in [
+            "tenant_weights=site-a",
+            "tenant_weights=site-a:0",
+            "tenant_weights=site-a:10001",
+            "tenant_weights=site-a:2,site-a:3",
+            "tenant_weights=:2",
+        ] {
+            assert!(Settings::parse(bad.as_bytes()).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -18,6 +18,11 @@ pub trait Priority: Sized + 'static {
     /// Shares of claims served from urgent, normal and low.
     fn bucket_weights(&self) -> [u32; 3];
     fn admit(&self, now_ms: u64, task: &View) -> Admission;
+    /// Fair share inside a bucket: weights (1 to 10,000) by tenant name; a tenant not named
+    /// weighs 1. The default names none: every tenant the same.
+    fn tenant_weights(&self) -> Vec<(String, u32)> {
+        Vec::new()
+    }
 }
 
 /// Aging: the bucket to move a task to, if it has waited too long where it is.
@@ -67,6 +72,10 @@ pub mod glue {
         instance
             .with(|p| p.bucket_weights().to_vec())
             .unwrap_or_default()
+    }
+
+    pub fn tenant_weights<P: Priority>(instance: &Instance<P>) -> Vec<(String, u32)> {
+        instance.with(|p| p.tenant_weights()).unwrap_or_default()
     }
 
     pub fn admit<P: Priority>(instance: &Instance<P>, now_ms: u64, tasks: &[u64]) -> Vec<u64> {
@@ -174,9 +183,15 @@ macro_rules! priority_policy {
         mod __sluice_policy_export {
             use super::*;
             use $crate::__private::{String, Vec, glue};
+            use $crate::bindings::priority::exports::sluice::policy::fairness::Guest as Fairness;
             use $crate::bindings::priority::exports::sluice::policy::priority::Guest;
             static INSTANCE: $crate::Instance<$policy> = $crate::Instance::new();
             pub struct Component;
+            impl Fairness for Component {
+                fn tenant_weights() -> Vec<(String, u32)> {
+                    glue::tenant_weights(&INSTANCE)
+                }
+            }
             impl Guest for Component {
                 fn init(config: Vec<u8>) -> Result<(), String> {
                     glue::init(&INSTANCE, &config, &$names, <$policy as $crate::Priority>::init)

@@ -45,8 +45,10 @@ pub use policy_packed::{
 /// answer types).
 pub mod bindings {
     pub mod priority {
+        // The priority world with the fairness export: every SDK priority component answers
+        // `tenant-weights` (none named, unless the policy overrides `tenant_weights`).
         wit_bindgen::generate!({
-            world: "priority-policy",
+            world: "fair-priority-policy",
             path: "wit",
             pub_export_macro: true,
             export_macro_name: "__export_priority_world",

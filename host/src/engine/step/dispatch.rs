@@ -267,8 +267,7 @@ impl Stepper<'_> {
             self.engine.next_aging_ms =
                 now_ms.saturating_add(self.engine.options.aging_interval_ms);
             self.age(now_ms);
-            let weights = self.decide.bucket_weights(now_ms);
-            self.engine.set_bucket_weights(weights);
+            self.refresh_weights(now_ms);
             self.engine.forget_silent_workers(now_ms);
         }
     }

@@ -294,11 +294,18 @@ impl Stepper<'_> {
                 Reply::Done
             }
             Input::PoliciesChanged => {
-                let weights = self.decide.bucket_weights(now_ms);
-                self.engine.set_bucket_weights(weights);
+                self.refresh_weights(now_ms);
                 Reply::Done
             }
         }
+    }
+
+    /// Asks the priority policy for the buckets' and the tenants' weights again.
+    fn refresh_weights(&mut self, now_ms: u64) {
+        let weights = self.decide.bucket_weights(now_ms);
+        self.engine.set_bucket_weights(weights);
+        let tenants = self.decide.tenant_weights(now_ms);
+        self.engine.set_tenant_weights(&tenants);
     }
 
     fn submit_all(&mut self, submissions: Vec<Submission>) -> Vec<Result<Submitted, StepError>> {
