@@ -131,7 +131,7 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     };
     let store = match &args.store {
         Some(store) => format!(" on {}", redacted(store)),
-        None if args.server.is_none() => " on sled".to_owned(),
+        None if args.server.is_none() => " on the embedded store".to_owned(),
         None => String::new(),
     };
     outln!(
