@@ -99,6 +99,9 @@ pub struct ServeConfig {
     /// `host:port` other replicas reach this one's API at (written to the leader lease);
     /// the bound listen address when unset.
     pub advertise: Option<String>,
+    /// Limits on tasks leased at once per concurrency key (or key prefix ending in `*`);
+    /// those set through the API override these key by key.
+    pub concurrency_limits: Vec<crate::model::ConcurrencyLimit>,
 }
 
 impl Default for ServeConfig {
@@ -146,6 +149,7 @@ impl Default for ServeConfig {
             tls_key: None,
             store: None,
             advertise: None,
+            concurrency_limits: Vec::new(),
         }
     }
 }
@@ -193,6 +197,8 @@ pub struct FileConfig {
     pub tls_key: Option<PathBuf>,
     pub store: Option<String>,
     pub advertise: Option<String>,
+    /// `[concurrency_limits]`: `"scanner-*" = 1`, `"model:seg-v3" = 2`.
+    pub concurrency_limits: Option<BTreeMap<String, u32>>,
     /// `[policies.<kind>]` tables: each policy's settings, e.g.
     /// `[policies.retry] initial_delay_ms = 300000`.
     #[serde(default)]
@@ -356,6 +362,12 @@ impl ServeConfig {
             tls_key: overrides.tls_key.or(file.tls_key),
             store: overrides.store.or(file.store),
             advertise: overrides.advertise.or(file.advertise),
+            concurrency_limits: file
+                .concurrency_limits
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(key, limit)| crate::model::ConcurrencyLimit { key, limit })
+                .collect(),
         };
         config.check()?;
         Ok(config)
@@ -377,6 +389,17 @@ impl ServeConfig {
         }
         if self.callback_allow.len() > 1_000 {
             return Err(invalid("callback_allow", "at most 1,000 rules"));
+        }
+        if self.concurrency_limits.len() > crate::model::MAX_CONCURRENCY_LIMITS {
+            return Err(invalid("concurrency_limits", "at most 10,000 keys"));
+        }
+        for limit in &self.concurrency_limits {
+            crate::model::check_concurrency_limit(&limit.key, limit.limit).map_err(|e| {
+                ConfigError::Invalid {
+                    name: "concurrency_limits",
+                    reason: format!("{}: {e}", limit.key),
+                }
+            })?;
         }
         crate::model::CallbackAllow::parse(&self.callback_allow)
             .map_err(|reason| invalid("callback_allow", &reason))?;

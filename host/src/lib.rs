@@ -9,6 +9,7 @@
 pub mod api;
 pub mod auth;
 pub mod client;
+pub mod concurrency_limits;
 pub mod config;
 pub mod engine;
 pub mod experiment;

@@ -195,6 +195,10 @@ impl Server {
             max_memory_limit_bytes: config.policy_max_memory_limit_bytes,
             max_call_fuel: config.policy_max_call_fuel,
         })?);
+        let concurrency = Arc::new(crate::concurrency_limits::LimitTable::open(
+            stores.policies.clone(),
+            &config.concurrency_limits,
+        )?);
         let policies = Arc::new(PolicyRegistry::open(
             runtime,
             stores.policies,
@@ -225,6 +229,7 @@ impl Server {
                     worker_stale_ms: config.worker_stale_ms,
                     aging_interval_ms: config.aging_interval_ms,
                     split_kinds: config.split_kinds.clone(),
+                    concurrency_limits: concurrency.in_force(),
                     ..EngineOptions::default()
                 },
                 sync_claims: config.sync_claims,
@@ -245,6 +250,7 @@ impl Server {
                 metrics,
                 gate,
                 signing_keys,
+                concurrency,
             ),
             drain_timeout: Duration::from_millis(config.drain_timeout_ms),
             tls,

@@ -45,6 +45,8 @@ pub fn need(method: &Method, route: Option<&str>) -> Need {
         | "/v1/worker-events" => READERS,
         // Researchers read reports; starting, stopping and promoting are an administrator's.
         "/v1/experiments" | "/v1/experiments/{id}" if get => READERS,
+        // Setting and removing limits is an administrator's.
+        "/v1/concurrency-limits" if get => READERS,
         "/v1/tasks" if get => TASK_READERS,
         "/v1/tasks" | "/v1/tasks:batch" | "/v1/tasks/{id}/cancel" => SUBMITTERS,
         "/v1/tasks/{id}" | "/v1/tasks/{id}/events" => TASK_READERS,

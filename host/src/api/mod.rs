@@ -2,6 +2,7 @@
 //! rates) and by the server-wide bounds (requests in flight, request time).
 
 mod batch;
+mod concurrency;
 mod events;
 mod experiments;
 mod extract;
@@ -116,6 +117,8 @@ pub struct AppState {
     pub gate: Arc<Gate>,
     /// The keys a policy upload must be signed by (none: signatures are not asked for).
     pub signing_keys: Arc<SigningKeys>,
+    /// The concurrency limits in force, and those set through the API.
+    pub concurrency: Arc<crate::concurrency_limits::LimitTable>,
 }
 
 impl AppState {
@@ -126,6 +129,7 @@ impl AppState {
         metrics: Arc<Metrics>,
         gate: Arc<Gate>,
         signing_keys: SigningKeys,
+        concurrency: Arc<crate::concurrency_limits::LimitTable>,
     ) -> Self {
         // Semaphore permits are u32 and capped by tokio; the budget is clamped to fit.
         let permits = limits
@@ -143,6 +147,7 @@ impl AppState {
             event_streams: Arc::new(Semaphore::new(events::MAX_STREAMS)),
             gate,
             signing_keys: Arc::new(signing_keys),
+            concurrency,
         }
     }
 
@@ -294,6 +299,8 @@ fn documented_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(experiments::report))
         .routes(routes!(experiments::stop))
         .routes(routes!(experiments::promote))
+        .routes(routes!(concurrency::list))
+        .routes(routes!(concurrency::set, concurrency::remove))
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]

@@ -90,6 +90,8 @@ pub enum ApiError {
     TokenNotFound(String),
     #[error("{0}")]
     ExperimentNotFound(String),
+    #[error("no concurrency limit was set through the API on `{0}`")]
+    ConcurrencyLimitNotFound(String),
     #[error("{0}")]
     InvalidToken(String),
     #[error("{0}")]
@@ -233,6 +235,11 @@ impl ApiError {
                 "Policy refused",
             ),
             PolicyConflict(_) => (StatusCode::CONFLICT, "policy-conflict", "Policy conflict"),
+            ConcurrencyLimitNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "concurrency-limit-not-found",
+                "Concurrency limit not found",
+            ),
             SplitRefused(_) => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "split-refused",
@@ -418,6 +425,16 @@ impl From<&StoreError> for ApiError {
                 ApiError::StorageFailed(format!("the write was not made durable: {error}"))
             }
             _ => ApiError::Internal(error.to_string()),
+        }
+    }
+}
+
+impl From<crate::concurrency_limits::LimitError> for ApiError {
+    fn from(error: crate::concurrency_limits::LimitError) -> Self {
+        use crate::concurrency_limits::LimitError;
+        match error {
+            LimitError::Store(store) => ApiError::from(&store),
+            too_many @ LimitError::TooMany => ApiError::InvalidRequest(too_many.to_string()),
         }
     }
 }

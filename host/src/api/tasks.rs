@@ -205,6 +205,29 @@ pub struct TaskWithPayload {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<serde_json::Value>)]
     payload: Option<Box<RawValue>>,
+    /// Why a queued task is not being claimed although workers have room, when the
+    /// scheduler knows: its concurrency key is at its limit, or no worker has a GPU with the
+    /// memory it needs. Worked out when read, not stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting_reason: Option<String>,
+}
+
+/// Why queued `task` waits, when something other than its turn holds it back.
+fn waiting_reason(state: &AppState, task: &Task) -> Option<String> {
+    if task.state != crate::model::State::Queued {
+        return None;
+    }
+    let key = task.concurrency_key.as_deref()?;
+    let limit = state.concurrency.limits().limit(key)?;
+    let running = state
+        .scheduler
+        .snapshot()
+        .keys_running
+        .get(key)
+        .copied()
+        .unwrap_or(0);
+    (running >= limit)
+        .then(|| format!("concurrency key {key} is at its limit: {running} of {limit} running"))
 }
 
 /// One task with its payload. Another device's task is 404.
@@ -218,7 +241,12 @@ pub async fn get(
 ) -> Result<Json<TaskWithPayload>, ApiError> {
     let task = visible_task(&state, &caller, id)?.without_token();
     let payload = stored_payload(&state, id)?;
-    Ok(Json(TaskWithPayload { task, payload }))
+    let waiting_reason = waiting_reason(&state, &task);
+    Ok(Json(TaskWithPayload {
+        task,
+        payload,
+        waiting_reason,
+    }))
 }
 
 /// A task's payload as stored: JSON, passed through without re-encoding.

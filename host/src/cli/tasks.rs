@@ -73,6 +73,12 @@ pub struct SubmitArgs {
     callback_url: Option<String>,
     #[arg(long, default_value_t = 0)]
     gpu_memory_mb: u64,
+    /// The model the task runs: workers that have it loaded are preferred
+    #[arg(long)]
+    model: Option<String>,
+    /// Tasks with the same key run at most as many at once as the key's limit
+    #[arg(long)]
+    concurrency_key: Option<String>,
 }
 
 #[derive(clap::Subcommand)]
@@ -150,7 +156,9 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         callback_url: args.callback_url,
         resources: Resources {
             gpu_memory_mb: args.gpu_memory_mb,
+            model: args.model,
         },
+        concurrency_key: args.concurrency_key,
     };
     let answer = args.server.client()?.submit(&spec).await?;
     if answer.replayed {

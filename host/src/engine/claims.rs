@@ -3,9 +3,10 @@
 //! fair share (`queues`), first in line first inside a tenant; each grant becomes a lease.
 
 use super::breaker::{Allowance, BreakerState};
+use super::concurrency::has_room;
 use super::{Engine, Waiting};
 use crate::model::{Actor, Change, Lease, Priority, State, Task, TaskId, WorkerEvent};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 /// A task picked for a worker, and the GPU it will occupy there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +93,8 @@ impl Engine {
             return (Err(NoClaim::Full), event);
         }
         let mut chosen: BTreeSet<TaskId> = BTreeSet::new();
+        // Tasks of each concurrency key this claim has picked so far.
+        let mut picked_keys: HashMap<String, u32> = HashMap::new();
         let mut picks = Vec::with_capacity(want);
         while picks.len() < want {
             let candidates: [Option<(TaskId, Option<u32>, u32)>; 3] = Priority::ALL.map(|bucket| {
@@ -99,6 +102,13 @@ impl Engine {
                     .fair_iter(bucket)
                     .take(self.options.fit_scan_limit)
                     .filter(|w: &&Waiting| !chosen.contains(&w.id))
+                    .filter(|w: &&Waiting| {
+                        // A key at its limit holds its own tasks back, not those behind them.
+                        w.concurrency_key.as_deref().is_none_or(|key| {
+                            let picked = picked_keys.get(key).copied().unwrap_or(0);
+                            has_room(&self.concurrency_limits, &self.key_use, key, picked)
+                        })
+                    })
                     .find_map(|w| {
                         let gpu = worker.fit(w, &free_gpus)?;
                         Some((w.id, gpu, w.view.tenant))
@@ -118,6 +128,13 @@ impl Engine {
                 if room.places == 0 {
                     free_gpus.retain(|_, room| room.places > 0);
                 }
+            }
+            if let Some(key) = self
+                .queues
+                .get(task)
+                .and_then(|w| w.concurrency_key.clone())
+            {
+                *picked_keys.entry(key).or_default() += 1;
             }
             chosen.insert(task);
             picks.push(Pick { task, gpu });

@@ -14,6 +14,7 @@ mod aging;
 mod breaker;
 mod callbacks;
 mod claims;
+mod concurrency;
 mod decide;
 mod family;
 mod queues;
@@ -77,6 +78,8 @@ pub struct Snapshot {
     pub last_event_seq: u64,
     pub workers: usize,
     pub bucket_weights: [u32; 3],
+    /// Leased tasks per concurrency key, for the keys that have any.
+    pub keys_running: std::collections::BTreeMap<String, u32>,
 }
 
 /// The engine's settings: bounds and durations, all in ms.
@@ -100,6 +103,8 @@ pub struct EngineOptions {
     pub aging_interval_ms: u64,
     /// Task kinds split on admission by the split policy (and merged by the merge policy).
     pub split_kinds: Vec<String>,
+    /// Concurrency limits at start (the configuration's and those set through the API).
+    pub concurrency_limits: Vec<crate::model::ConcurrencyLimit>,
 }
 
 impl Default for EngineOptions {
@@ -114,6 +119,7 @@ impl Default for EngineOptions {
             breaker: BreakerOptions::default(),
             aging_interval_ms: 1_000,
             split_kinds: vec!["vector.search".to_owned()],
+            concurrency_limits: Vec::new(),
         }
     }
 }
@@ -135,6 +141,9 @@ pub struct Engine {
     bucket_weights: [u32; 3],
     /// Fair share inside a bucket, as the priority policy last gave it.
     tenant_weights: TenantWeights,
+    concurrency_limits: crate::model::ConcurrencyLimits,
+    /// Which leased tasks hold which concurrency key.
+    key_use: concurrency::KeyUse,
     tasks_by_state: [u64; 12],
     illegal_transitions: u64,
     /// When the next tick ages the queues.
@@ -149,7 +158,10 @@ impl Default for Engine {
 
 impl Engine {
     pub fn new(options: EngineOptions) -> Self {
+        let concurrency_limits = crate::model::ConcurrencyLimits::new(&options.concurrency_limits);
         Engine {
+            concurrency_limits,
+            key_use: concurrency::KeyUse::default(),
             options,
             ids: IdGenerator::default(),
             next_event_seq: 1,
@@ -204,10 +216,21 @@ impl Engine {
         self.bucket_weights = weights;
     }
 
-    /// Takes the policy's weights (buckets and tenants) from the engine this one replaces.
-    pub fn inherit_weights(&mut self, from: &Engine) {
+    /// The concurrency limits in force from now on (the whole set).
+    pub fn set_concurrency_limits(&mut self, limits: &[crate::model::ConcurrencyLimit]) {
+        self.concurrency_limits = crate::model::ConcurrencyLimits::new(limits);
+    }
+
+    pub fn concurrency_limits(&self) -> &crate::model::ConcurrencyLimits {
+        &self.concurrency_limits
+    }
+
+    /// Takes the settings that change while it runs (the policy's bucket and tenant weights,
+    /// the concurrency limits) from the engine this one replaces.
+    pub fn inherit_settings(&mut self, from: &Engine) {
         self.bucket_weights = from.bucket_weights;
         self.tenant_weights = from.tenant_weights.clone();
+        self.concurrency_limits = from.concurrency_limits.clone();
     }
 
     /// The tenants' weights for fair share inside each bucket, as the priority policy last
@@ -267,6 +290,11 @@ impl Engine {
             last_event_seq: self.next_event_seq - 1,
             workers: self.workers.len(),
             bucket_weights: self.bucket_weights,
+            keys_running: self
+                .key_use
+                .all()
+                .map(|(key, count)| (key.to_owned(), count))
+                .collect(),
         }
     }
 
@@ -298,6 +326,7 @@ impl Engine {
             max_attempts: spec.max_attempts,
             callback_url: spec.callback_url.clone(),
             resources: spec.resources.clone(),
+            concurrency_key: spec.concurrency_key.clone(),
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
             attempt: 0,
@@ -506,6 +535,9 @@ impl Engine {
                     memory_mb: task.resources.gpu_memory_mb,
                 });
                 self.workers.hold(&lease.worker, task.id, share);
+                if let Some(key) = &task.concurrency_key {
+                    self.key_use.hold(task.id, key);
+                }
                 if previous == Some(State::Queued) {
                     let worker = self.workers.entry(&lease.worker);
                     worker.claims_served += 1;
@@ -513,6 +545,7 @@ impl Engine {
                 }
             } else if leased(previous) || lease.stopped_at_ms.is_some() {
                 self.workers.release(&lease.worker, task.id);
+                self.key_use.release(task.id);
             }
         }
         self.timers.set(task.id, timers::due_at(task));

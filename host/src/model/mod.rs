@@ -4,6 +4,7 @@
 
 mod access;
 mod change;
+mod concurrency;
 mod destination;
 mod event;
 mod experiment;
@@ -20,6 +21,10 @@ mod worker;
 
 pub use access::{AuditEvent, Role, TokenRecord};
 pub use change::{Change, KeyRecord, NewTask, Recovery, TaskWrite};
+pub use concurrency::{
+    ConcurrencyLimit, ConcurrencyLimits, MAX_CONCURRENCY_LIMIT, MAX_CONCURRENCY_LIMITS,
+    check_concurrency_limit,
+};
 pub use destination::{CallbackAllow, is_local_name, is_public};
 pub use event::{Actor, Event};
 pub use experiment::{

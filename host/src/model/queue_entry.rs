@@ -19,6 +19,21 @@ pub struct QueueEntry {
     pub deadline_at_ms: Option<u64>,
     /// Its variant of a live aging experiment: the aging step asks that variant about it.
     pub aging_variant: Option<VariantTag>,
+    /// Claims skip it while its key runs as many tasks as its limit.
+    pub concurrency_key: Option<String>,
+    /// The model it runs, for warm placement.
+    pub model: Option<String>,
+}
+
+/// What an entry holds beside its fixed part, as JSON after it, when it holds any.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Extras {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    concurrency_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    model: Option<String>,
 }
 
 pub fn to_bucket(priority: Priority) -> Bucket {
@@ -53,8 +68,9 @@ pub fn view(task: &Task) -> View {
     }
 }
 
-/// Layout version of `encode`: 2 added the aging variant.
-const FORMAT: u8 = 2;
+/// Layout version of `encode`: 2 added the aging variant; 3 made the JSON after the fixed part
+/// an object of the labels, the concurrency key and the model (2 had the labels alone).
+const FORMAT: u8 = 3;
 const FIXED_BYTES: usize = 2 + 8 * 2 + 8 * 6 + 1 + 8 + 1 + 4 + 1;
 
 impl QueueEntry {
@@ -68,13 +84,15 @@ impl QueueEntry {
             view: view(task),
             deadline_at_ms: task.deadline_at_ms,
             aging_variant: task.variant(PolicyKind::Aging),
+            concurrency_key: task.concurrency_key.clone(),
+            model: task.resources.model.clone(),
         }
     }
 
     /// `[bucket][format][rank][gpu_memory_mb][view: 6 words][has deadline][deadline]
-    /// [has aging variant][experiment: 4 bytes][variant]` then the labels as JSON when there
-    /// are any. The first byte is the bucket, as in the index
-    /// entries of other states.
+    /// [has aging variant][experiment: 4 bytes][variant]` then, when it has labels, a
+    /// concurrency key or a model, those as a JSON object. The first byte is the bucket, as in
+    /// the index entries of other states.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(FIXED_BYTES + 2);
         out.push(self.bucket.index() as u8);
@@ -92,9 +110,14 @@ impl QueueEntry {
             .map_or((0, 0), |tag| (tag.experiment, tag.variant));
         out.extend_from_slice(&experiment.to_be_bytes());
         out.push(variant);
-        if !self.labels.is_empty() {
-            // Plain string maps always serialize.
-            out.extend_from_slice(&serde_json::to_vec(&self.labels).unwrap_or_default());
+        if !self.labels.is_empty() || self.concurrency_key.is_some() || self.model.is_some() {
+            let extras = Extras {
+                labels: self.labels.clone(),
+                concurrency_key: self.concurrency_key.clone(),
+                model: self.model.clone(),
+            };
+            // Plain strings always serialize.
+            out.extend_from_slice(&serde_json::to_vec(&extras).unwrap_or_default());
         }
         out
     }
@@ -119,8 +142,8 @@ impl QueueEntry {
             experiment: u32::from_be_bytes([bytes[76], bytes[77], bytes[78], bytes[79]]),
             variant: bytes[80],
         });
-        let labels = match &bytes[FIXED_BYTES..] {
-            [] => BTreeMap::new(),
+        let extras: Extras = match &bytes[FIXED_BYTES..] {
+            [] => Extras::default(),
             json => serde_json::from_slice(json).ok()?,
         };
         Some(QueueEntry {
@@ -128,10 +151,12 @@ impl QueueEntry {
             bucket,
             rank: word(2)?,
             gpu_memory_mb: word(10)?,
-            labels,
+            labels: extras.labels,
             view,
             deadline_at_ms,
             aging_variant,
+            concurrency_key: extras.concurrency_key,
+            model: extras.model,
         })
     }
 }
@@ -161,6 +186,8 @@ mod tests {
             },
             deadline_at_ms: None,
             aging_variant: None,
+            concurrency_key: None,
+            model: None,
         };
         assert_eq!(
             QueueEntry::decode(entry.id, &entry.encode()),
@@ -181,10 +208,18 @@ mod tests {
             QueueEntry::decode(entry.id, &entry.encode()),
             Some(entry.clone())
         );
-        // A format-1 entry (no variant bytes) is left to the task record.
-        let mut old = entry.encode();
-        old[1] = 1;
-        assert_eq!(QueueEntry::decode(entry.id, &old), None);
+        entry.concurrency_key = Some("scanner-7".into());
+        entry.model = Some("seg-v3".into());
+        assert_eq!(
+            QueueEntry::decode(entry.id, &entry.encode()),
+            Some(entry.clone())
+        );
+        // Entries of formats 1 and 2 are left to the task record.
+        for format in [1, 2] {
+            let mut old = entry.encode();
+            old[1] = format;
+            assert_eq!(QueueEntry::decode(entry.id, &old), None);
+        }
         assert_eq!(QueueEntry::decode(entry.id, &[2]), None);
         assert_eq!(QueueEntry::decode(entry.id, &entry.encode()[..40]), None);
     }

@@ -9,8 +9,13 @@ use std::collections::BTreeMap;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
+    /// GPU memory the task needs on the GPU it runs on (its model's included).
     #[serde(default)]
     pub gpu_memory_mb: u64,
+    /// The model it runs: a worker that says it has it loaded is preferred (warm placement).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z0-9._:/@-]{1,128}$")]
+    pub model: Option<String>,
 }
 
 /// The body of `POST /v1/tasks`. Unknown fields are refused so that a typo is an error, not a
@@ -52,6 +57,12 @@ pub struct TaskSpec {
     pub callback_url: Option<String>,
     #[serde(default)]
     pub resources: Resources,
+    /// Tasks with the same key run at most as many at once as the key's limit (set in the
+    /// configuration or `PUT /v1/concurrency-limits/{key}`), e.g. `scanner-7` or
+    /// `model:seg-v3`; without a limit, no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z0-9._:/@-]{1,128}$")]
+    pub concurrency_key: Option<String>,
 }
 
 fn default_device() -> String {
@@ -191,6 +202,12 @@ impl TaskSpec {
         check_name("kind", &self.kind)?;
         check_name("device", &self.device)?;
         check_name("tenant", &self.tenant)?;
+        if let Some(key) = &self.concurrency_key {
+            check_name("concurrency_key", key)?;
+        }
+        if let Some(model) = &self.resources.model {
+            check_name("resources.model", model)?;
+        }
         if self.labels.len() > MAX_LABELS {
             return Err(field("labels", format!("at most {MAX_LABELS} labels")));
         }

@@ -43,6 +43,9 @@ pub struct Task {
     pub callback_url: Option<String>,
     #[serde(default)]
     pub resources: Resources,
+    /// See `TaskSpec::concurrency_key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
     pub attempt: u32,

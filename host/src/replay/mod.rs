@@ -267,7 +267,9 @@ impl Trace {
             callback_url: None,
             resources: Resources {
                 gpu_memory_mb: arrival.gpu_memory_mb,
+                model: None,
             },
+            concurrency_key: None,
         }
     }
 }

@@ -312,6 +312,20 @@ impl Scheduler {
         }
     }
 
+    /// Puts `limits` (the whole set) in force for the claims planned from now on; answered
+    /// once the engine has them.
+    pub async fn set_concurrency_limits(
+        &self,
+        limits: Vec<crate::model::ConcurrencyLimit>,
+    ) -> Result<(), SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.step(
+            Input::SetConcurrencyLimits(limits),
+            Answer::Done(Some(reply)),
+        )?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
     /// Signalled when tasks join a queue. Arm a wait on it before a claim that may come back
     /// empty, so a task queued in between is not missed.
     pub fn work_queued(&self) -> Arc<WorkSignal> {

@@ -666,7 +666,7 @@ impl Writer {
             Ok(recovery) => {
                 let options = self.engine.options().clone();
                 let mut engine = Engine::recover(recovery, options).0;
-                engine.inherit_weights(&self.engine);
+                engine.inherit_settings(&self.engine);
                 self.engine = engine;
             }
             Err(error) => tracing::error!(%error, "cannot re-read the store after a failed commit"),

@@ -258,6 +258,8 @@ mod callback_room_tests;
 #[cfg(test)]
 mod cancel_tests;
 #[cfg(test)]
+mod concurrency_tests;
+#[cfg(test)]
 mod fairness_tests;
 #[cfg(test)]
 mod tests;

@@ -13,8 +13,8 @@ pub use self::sled::{MAX_AUDIT_EVENTS, Repair, SledOptions, SledStore};
 use std::collections::HashMap;
 
 use crate::model::{
-    AuditEvent, Change, Event, Experiment, KeyRecord, PolicyEvent, PolicyKind, PolicyVersion,
-    Recovery, State, Task, TaskId, TokenRecord, WorkerEvent,
+    AuditEvent, Change, ConcurrencyLimit, Event, Experiment, KeyRecord, PolicyEvent, PolicyKind,
+    PolicyVersion, Recovery, State, Task, TaskId, TokenRecord, WorkerEvent,
 };
 
 /// The free space a store keeps on its disk by default, refusing writes below it: several times
@@ -202,6 +202,11 @@ pub trait PolicyCatalog: Send + Sync + 'static {
     fn put_compiled(&self, cache_key: &str, code: &[u8]) -> Result<(), StoreError>;
     /// Every experiment's record, in id order.
     fn experiments(&self) -> Result<Vec<Experiment>, StoreError>;
+    /// The concurrency limits set through the API, by key (the configuration's are not
+    /// stored).
+    fn concurrency_limits(&self) -> Result<Vec<ConcurrencyLimit>, StoreError>;
+    /// Replaces the stored concurrency limits, as one durable write.
+    fn put_concurrency_limits(&self, limits: &[ConcurrencyLimit]) -> Result<(), StoreError>;
     /// Stores (or replaces) an experiment's record and logs why, as one write. The event's
     /// `seq` is assigned here.
     fn put_experiment(

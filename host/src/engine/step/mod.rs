@@ -77,6 +77,9 @@ pub enum Input {
     /// A policy version was activated or rolled back: take the priority policy's bucket
     /// weights again now rather than at the next aging tick.
     PoliciesChanged,
+    /// The concurrency limits in force from now on (the whole set). Changes only memory: the
+    /// set is kept in the catalog by whoever changed it.
+    SetConcurrencyLimits(Vec<crate::model::ConcurrencyLimit>),
     /// Retention removed these ended tasks from the store (counts by state code): they leave
     /// the engine's counts. Changes nothing else.
     Forgotten {
@@ -295,6 +298,10 @@ impl Stepper<'_> {
             }
             Input::PoliciesChanged => {
                 self.refresh_weights(now_ms);
+                Reply::Done
+            }
+            Input::SetConcurrencyLimits(limits) => {
+                self.engine.set_concurrency_limits(&limits);
                 Reply::Done
             }
         }

@@ -6,7 +6,9 @@
 //! the lease over reads the catalog afresh, so no replica keeps a copy to be told about.
 
 use super::{PgStore, corrupt, int8, uint8};
-use crate::model::{AuditEvent, Experiment, PolicyEvent, PolicyKind, PolicyVersion, TokenRecord};
+use crate::model::{
+    AuditEvent, ConcurrencyLimit, Experiment, PolicyEvent, PolicyKind, PolicyVersion, TokenRecord,
+};
 use crate::store::{AccessCatalog, MAX_AUDIT_EVENTS, PolicyCatalog, StoreError};
 
 /// Advisory lock keys (one number space per database, shared with anything else using it:
@@ -321,6 +323,49 @@ impl PolicyCatalog for PgStore {
             record: json(experiment, "experiment")?,
         };
         self.write_policy_event(write, event)
+    }
+
+    fn concurrency_limits(&self) -> Result<Vec<ConcurrencyLimit>, StoreError> {
+        let pool = self.pool();
+        let rows: Vec<(String, i32)> = self.block(async move {
+            Ok(sqlx::query_as(
+                "SELECT key, max_running FROM sluice_concurrency_limits ORDER BY key",
+            )
+            .fetch_all(&pool)
+            .await?)
+        })?;
+        rows.into_iter()
+            .map(|(key, limit)| {
+                let limit = u32::try_from(limit)
+                    .map_err(|_| corrupt("concurrency limits", format!("limit {limit}")))?;
+                Ok(ConcurrencyLimit { key, limit })
+            })
+            .collect()
+    }
+
+    fn put_concurrency_limits(&self, limits: &[ConcurrencyLimit]) -> Result<(), StoreError> {
+        let keys: Vec<String> = limits.iter().map(|l| l.key.clone()).collect();
+        let values: Vec<i32> = limits
+            .iter()
+            .map(|l| i32::try_from(l.limit).unwrap_or(i32::MAX))
+            .collect();
+        let pool = self.pool();
+        self.block(async move {
+            let mut tx = pool.begin().await?;
+            sqlx::query("DELETE FROM sluice_concurrency_limits")
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO sluice_concurrency_limits (key, max_running) \
+                 SELECT * FROM UNNEST($1::text[], $2::int4[])",
+            )
+            .bind(keys)
+            .bind(values)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        })
     }
 }
 

@@ -3,11 +3,12 @@
 //!
 //! Keys: `m`+sha256 → component bytes; `v`+kind+version → version record; `a`+kind → the
 //! activation stack; `e`+kind+seq → policy event; `c`+cache key → compiled code; `d`+kind+
-//! version+name → a version's data blob; `x`+id → an experiment's record.
+//! version+name → a version's data blob; `x`+id → an experiment's record; `l` → the
+//! concurrency limits set through the API, as one JSON list.
 
 use super::SledStore;
 use super::util::corrupt;
-use crate::model::{Experiment, PolicyEvent, PolicyKind, PolicyVersion};
+use crate::model::{ConcurrencyLimit, Experiment, PolicyEvent, PolicyKind, PolicyVersion};
 use crate::store::{PolicyCatalog, StoreError};
 
 fn module_key(sha256: &str) -> Vec<u8> {
@@ -37,6 +38,8 @@ fn compiled_key(cache_key: &str) -> Vec<u8> {
 fn experiment_key(id: u32) -> Vec<u8> {
     [b"x".as_slice(), &id.to_be_bytes()].concat()
 }
+
+const LIMITS_KEY: &[u8] = b"l";
 
 fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(value).map_err(|e| corrupt("policy record", e))
@@ -205,6 +208,21 @@ impl PolicyCatalog for SledStore {
         self.policies.apply_batch(batch)?;
         self.sync_sled()?;
         Ok(event)
+    }
+
+    fn concurrency_limits(&self) -> Result<Vec<ConcurrencyLimit>, StoreError> {
+        match self.policies.get(LIMITS_KEY)? {
+            Some(bytes) => {
+                serde_json::from_slice(&bytes).map_err(|e| corrupt("concurrency limits", e))
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn put_concurrency_limits(&self, limits: &[ConcurrencyLimit]) -> Result<(), StoreError> {
+        self.shared.space.check(0)?;
+        self.policies.insert(LIMITS_KEY, json(&limits)?)?;
+        self.sync_sled()
     }
 }
 
