@@ -102,6 +102,13 @@ pub struct ServeConfig {
     /// Limits on tasks leased at once per concurrency key (or key prefix ending in `*`);
     /// those set through the API override these key by key.
     pub concurrency_limits: Vec<crate::model::ConcurrencyLimit>,
+    /// Whether an urgent task that waited `preempt_after_ms` with no worker free may stop a
+    /// lower bucket's attempt to take its place.
+    pub preemption: bool,
+    pub preempt_after_ms: u64,
+    /// How long a task waits for a worker with its model loaded before it goes to one that
+    /// must load it.
+    pub affinity_wait_ms: u64,
 }
 
 impl Default for ServeConfig {
@@ -150,6 +157,9 @@ impl Default for ServeConfig {
             store: None,
             advertise: None,
             concurrency_limits: Vec::new(),
+            preemption: false,
+            preempt_after_ms: 5_000,
+            affinity_wait_ms: 10_000,
         }
     }
 }
@@ -199,6 +209,9 @@ pub struct FileConfig {
     pub advertise: Option<String>,
     /// `[concurrency_limits]`: `"scanner-*" = 1`, `"model:seg-v3" = 2`.
     pub concurrency_limits: Option<BTreeMap<String, u32>>,
+    pub preemption: Option<bool>,
+    pub preempt_after_ms: Option<u64>,
+    pub affinity_wait_ms: Option<u64>,
     /// `[policies.<kind>]` tables: each policy's settings, e.g.
     /// `[policies.retry] initial_delay_ms = 300000`.
     #[serde(default)]
@@ -368,6 +381,9 @@ impl ServeConfig {
                 .into_iter()
                 .map(|(key, limit)| crate::model::ConcurrencyLimit { key, limit })
                 .collect(),
+            preemption: file.preemption.unwrap_or(defaults.preemption),
+            preempt_after_ms: file.preempt_after_ms.unwrap_or(defaults.preempt_after_ms),
+            affinity_wait_ms: file.affinity_wait_ms.unwrap_or(defaults.affinity_wait_ms),
         };
         config.check()?;
         Ok(config)
@@ -461,6 +477,12 @@ impl ServeConfig {
         const DAY_MS: u64 = 86_400_000;
         if !(100..=DAY_MS).contains(&self.lease_ms) {
             return Err(invalid("lease_ms", "must be 100 ms to 24 h"));
+        }
+        if !(100..=DAY_MS).contains(&self.preempt_after_ms) {
+            return Err(invalid("preempt_after_ms", "must be 100 ms to 24 h"));
+        }
+        if self.affinity_wait_ms > DAY_MS {
+            return Err(invalid("affinity_wait_ms", "must be 0 ms to 24 h"));
         }
         if !(100..=DAY_MS).contains(&self.worker_stale_ms) {
             return Err(invalid("worker_stale_ms", "must be 100 ms to 24 h"));

@@ -230,6 +230,7 @@ impl Server {
                     aging_interval_ms: config.aging_interval_ms,
                     split_kinds: config.split_kinds.clone(),
                     concurrency_limits: concurrency.in_force(),
+                    preempt_after_ms: config.preemption.then_some(config.preempt_after_ms),
                     ..EngineOptions::default()
                 },
                 sync_claims: config.sync_claims,

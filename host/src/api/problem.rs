@@ -56,6 +56,8 @@ pub enum ApiError {
     StaleLease { task_id: TaskId, reason: String },
     #[error("{detail}")]
     AttemptCancelled { task_id: TaskId, detail: String },
+    #[error("{detail}")]
+    AttemptRevoked { task_id: TaskId, detail: String },
     #[error("no worker `{0}`: send a heartbeat first")]
     WorkerNotFound(String),
     #[error("the scheduler is at capacity; retry shortly")]
@@ -211,6 +213,7 @@ impl ApiError {
                 "attempt-cancelled",
                 "Attempt cancelled",
             ),
+            AttemptRevoked { .. } => (StatusCode::CONFLICT, "attempt-revoked", "Attempt revoked"),
             WorkerNotFound(_) => (
                 StatusCode::NOT_FOUND,
                 "worker-not-found",
@@ -309,6 +312,7 @@ impl ApiError {
             ApiError::KeyConflict { task_id, .. } => Some(*task_id),
             ApiError::StaleLease { task_id, .. } => Some(*task_id),
             ApiError::AttemptCancelled { task_id, .. } => Some(*task_id),
+            ApiError::AttemptRevoked { task_id, .. } => Some(*task_id),
             _ => None,
         };
         Problem {
@@ -401,6 +405,10 @@ impl From<StepError> for ApiError {
             cancelled @ StepError::AttemptCancelled { task_id, .. } => ApiError::AttemptCancelled {
                 task_id,
                 detail: cancelled.to_string(),
+            },
+            revoked @ StepError::AttemptRevoked { task_id, .. } => ApiError::AttemptRevoked {
+                task_id,
+                detail: revoked.to_string(),
             },
             StepError::UnknownWorker(worker) => ApiError::WorkerNotFound(worker),
             StepError::TooManyWorkers(_) => ApiError::Overloaded,

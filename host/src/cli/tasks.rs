@@ -79,6 +79,9 @@ pub struct SubmitArgs {
     /// Tasks with the same key run at most as many at once as the key's limit
     #[arg(long)]
     concurrency_key: Option<String>,
+    /// Never preempt this task's attempts for urgent work
+    #[arg(long)]
+    not_preemptible: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -159,6 +162,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
             model: args.model,
         },
         concurrency_key: args.concurrency_key,
+        preemptible: !args.not_preemptible,
     };
     let answer = args.server.client()?.submit(&spec).await?;
     if answer.replayed {

@@ -33,7 +33,8 @@ pub struct WorkerArgs {
     /// of GPUs, at least 1]
     #[arg(long)]
     max_concurrency: Option<u32>,
-    /// How long each synthetic attempt takes, in ms [default: 50]; with --vectors, a delay
+    /// How long each synthetic attempt takes, in ms, unless its payload names `exec_ms`
+    /// [default: 50]; with --vectors, a delay
     /// added before each search [default: 0]
     #[arg(long)]
     exec_ms: Option<u64>,

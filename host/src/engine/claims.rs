@@ -96,6 +96,27 @@ impl Engine {
         // Tasks of each concurrency key this claim has picked so far.
         let mut picked_keys: HashMap<String, u32> = HashMap::new();
         let mut picks = Vec::with_capacity(want);
+        // Urgent tasks whose place a preemption freed here go first.
+        for task in self.reserved_for(worker_id) {
+            if picks.len() >= want {
+                break;
+            }
+            let Some(waiting) = self.queues.get(task) else {
+                continue;
+            };
+            let Some(gpu) = worker.fit(waiting, &free_gpus) else {
+                continue;
+            };
+            if let Some(room) = gpu.and_then(|gpu| free_gpus.get_mut(&gpu)) {
+                room.take(waiting.gpu_memory_mb);
+            }
+            free_gpus.retain(|_, room| room.places > 0);
+            if let Some(key) = &waiting.concurrency_key {
+                *picked_keys.entry(key.clone()).or_default() += 1;
+            }
+            chosen.insert(task);
+            picks.push(Pick { task, gpu });
+        }
         while picks.len() < want {
             let candidates: [Option<(TaskId, Option<u32>, u32)>; 3] = Priority::ALL.map(|bucket| {
                 self.queues
@@ -168,6 +189,8 @@ impl Engine {
             ended_at_ms: None,
             stopped_at_ms: None,
             claim_id: claim_id.map(str::to_owned),
+            revoked_at_ms: None,
+            revoked_for: None,
         };
         let detail = format!("attempt {attempt} leased to worker {worker}");
         self.plan_with(

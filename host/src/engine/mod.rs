@@ -17,6 +17,7 @@ mod claims;
 mod concurrency;
 mod decide;
 mod family;
+mod preempt;
 mod queues;
 mod reaper;
 mod reports;
@@ -105,6 +106,9 @@ pub struct EngineOptions {
     pub split_kinds: Vec<String>,
     /// Concurrency limits at start (the configuration's and those set through the API).
     pub concurrency_limits: Vec<crate::model::ConcurrencyLimit>,
+    /// Preemption, when on: how long an urgent task waits with no worker free before the
+    /// attempt of a lower bucket is stopped for it (and how often one worker may be asked to).
+    pub preempt_after_ms: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -120,6 +124,7 @@ impl Default for EngineOptions {
             aging_interval_ms: 1_000,
             split_kinds: vec!["vector.search".to_owned()],
             concurrency_limits: Vec::new(),
+            preempt_after_ms: None,
         }
     }
 }
@@ -144,6 +149,8 @@ pub struct Engine {
     concurrency_limits: crate::model::ConcurrencyLimits,
     /// Which leased tasks hold which concurrency key.
     key_use: concurrency::KeyUse,
+    /// Urgent tasks for which a preempted attempt's place is being freed, and where.
+    reserved: std::collections::BTreeMap<TaskId, preempt::Reservation>,
     tasks_by_state: [u64; 12],
     illegal_transitions: u64,
     /// When the next tick ages the queues.
@@ -162,6 +169,7 @@ impl Engine {
         Engine {
             concurrency_limits,
             key_use: concurrency::KeyUse::default(),
+            reserved: std::collections::BTreeMap::new(),
             options,
             ids: IdGenerator::default(),
             next_event_seq: 1,
@@ -327,6 +335,8 @@ impl Engine {
             callback_url: spec.callback_url.clone(),
             resources: spec.resources.clone(),
             concurrency_key: spec.concurrency_key.clone(),
+            preemptible: spec.preemptible,
+            preemptions: 0,
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
             attempt: 0,
@@ -527,14 +537,22 @@ impl Engine {
             self.queues.push(Waiting::of(task));
         } else if previous == Some(State::Queued) {
             self.queues.remove(task.id);
+            self.reserved.remove(&task.id);
         }
         if let Some(lease) = &task.lease {
             if leased(Some(task.state)) || lease.holds_place_after_end() {
-                let share = lease.gpu.map(|gpu| workers::GpuShare {
-                    gpu,
-                    memory_mb: task.resources.gpu_memory_mb,
-                });
-                self.workers.hold(&lease.worker, task.id, share);
+                let held = workers::Held {
+                    share: lease.gpu.map(|gpu| workers::GpuShare {
+                        gpu,
+                        memory_mb: task.resources.gpu_memory_mb,
+                    }),
+                    bucket: task.bucket,
+                    preemptible: task.preemptible
+                        && task.priority != crate::model::Priority::Urgent,
+                    claimed_at_ms: lease.claimed_at_ms,
+                    revoked: lease.revoked_at_ms.is_some(),
+                };
+                self.workers.hold(&lease.worker, task.id, held);
                 if let Some(key) = &task.concurrency_key {
                     self.key_use.hold(task.id, key);
                 }

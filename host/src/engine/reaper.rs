@@ -12,6 +12,8 @@ pub enum Due {
     Failed(FailureClass),
     /// RetryWait is over: back to its queue.
     Release,
+    /// A preempted attempt's lease ran out: back to its queue, no attempt spent.
+    Preempted,
     /// A completion callback is due for delivery.
     Callback,
     /// A split parent's merge deadline has passed: merge what its children answered.
@@ -40,6 +42,14 @@ impl Engine {
             Some(Due::Deadline)
         } else {
             match (task.state, &task.lease, task.not_before_ms) {
+                // A preempted attempt whose worker never said it stopped: it is over all the
+                // same, and still not counted.
+                (State::Claimed | State::Running, Some(lease), _)
+                    if lease.revoked_at_ms.is_some()
+                        && lease.expires_at_ms.min(lease.attempt_ends_at_ms) <= now_ms =>
+                {
+                    Some(Due::Preempted)
+                }
                 (State::Claimed | State::Running, Some(lease), _)
                     if lease.attempt_ends_at_ms <= now_ms =>
                 {

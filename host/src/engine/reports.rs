@@ -3,7 +3,7 @@
 
 use super::Engine;
 use crate::model::{
-    Actor, Change, FailureClass, IllegalTransition, State, Task, TaskError, WorkerEvent,
+    Actor, Change, FailureClass, IllegalTransition, State, Task, TaskError, TaskId, WorkerEvent,
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -57,6 +57,11 @@ pub enum Verdict {
     /// The worker's attempt is over after its task ended (it says `stopped`, or reports the
     /// end it came to anyway): free its place.
     StoppedAfterEnd { state: State },
+    /// An urgent task preempted this attempt, and the worker does not know yet: tell it to
+    /// stop, and change nothing.
+    Revoked { urgent: Option<TaskId> },
+    /// The worker stopped the preempted attempt: free its place, and queue the task again.
+    StoppedAfterRevoke,
 }
 
 /// Judges `report` carrying `token` against `task` at `now_ms`.
@@ -101,7 +106,22 @@ pub fn judge_report(now_ms: u64, task: &Task, token: &str, report: &Report) -> V
     if leased && now_ms >= lease.expires_at_ms {
         return stale("the lease has expired".into());
     }
+    if leased && lease.revoked_at_ms.is_some() {
+        // An outcome that came first is kept (the work is done, or failed on its own); only
+        // the attempt's continuing is refused.
+        return match report {
+            Report::Start | Report::Heartbeat => Verdict::Revoked {
+                urgent: lease.revoked_for,
+            },
+            Report::Stopped => Verdict::StoppedAfterRevoke,
+            Report::Complete { .. } | Report::Fail { .. } => Verdict::Fresh,
+        };
+    }
     match (task.state, report) {
+        // A preempted attempt's `stopped`, said again once the task is waiting again.
+        (_, Report::Stopped) if lease.revoked_at_ms.is_some() && lease.stopped_at_ms.is_some() => {
+            Verdict::Replay
+        }
         // Said again after the place was freed, or by a worker whose lease ran out first.
         (_, Report::Stopped) if lease.ended_at_ms.is_some() => Verdict::Replay,
         // Only an attempt told to stop may say it stopped; a running one ends by its outcome.
@@ -207,8 +227,8 @@ impl Engine {
         });
         let decision = if !class.blames_worker() {
             RetryDecision::Dead(format!("{class} failure"))
-        } else if task.attempt >= task.max_attempts {
-            RetryDecision::Dead(format!("attempts spent ({})", task.attempt))
+        } else if task.attempts_spent() >= task.max_attempts {
+            RetryDecision::Dead(format!("attempts spent ({})", task.attempts_spent()))
         } else {
             decision
         };

@@ -119,6 +119,8 @@ fn recovery_rebuilds_queues_leases_and_numbering_from_the_live_tasks() {
         ended_at_ms: None,
         stopped_at_ms: None,
         claim_id: None,
+        revoked_at_ms: None,
+        revoked_for: None,
     });
     let recovery = Recovery {
         last_event_seq: 41,

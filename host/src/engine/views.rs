@@ -19,7 +19,9 @@ pub fn failure(task: &Task, class: FailureClass, random: u64) -> Failure {
     Failure {
         task: view(task),
         class: to_error_class(class),
-        max_attempts: task.max_attempts,
+        // The policy compares the attempt number with this: attempts preemption stopped
+        // are not counted.
+        max_attempts: task.max_attempts.saturating_add(task.preemptions),
         random,
     }
 }

@@ -15,6 +15,18 @@ pub struct GpuShare {
     pub memory_mb: u64,
 }
 
+/// One lease a worker holds, as far as placement and preemption need it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub share: Option<GpuShare>,
+    /// The bucket it was claimed from, and whether an urgent task may stop it.
+    pub bucket: crate::model::Priority,
+    pub preemptible: bool,
+    /// When it was claimed: of two equal candidates, the younger attempt is preempted.
+    pub claimed_at_ms: u64,
+    pub revoked: bool,
+}
+
 /// What is left of one GPU for more leases: places (tasks it may still take) and memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GpuRoom {
@@ -30,9 +42,12 @@ pub struct WorkerState {
     /// None for a worker known only from leases recovered at start.
     pub last_heartbeat_ms: Option<u64>,
     /// Each lease it holds, with the GPU it occupies and how much of that GPU's memory.
-    pub leases: BTreeMap<TaskId, Option<GpuShare>>,
+    pub leases: BTreeMap<TaskId, Held>,
     pub breaker: Breaker,
     pub claims_served: u64,
+    /// When an urgent task last preempted one of its attempts: at most one a preemption
+    /// interval.
+    pub last_preempted_ms: Option<u64>,
 }
 
 impl WorkerState {
@@ -43,6 +58,7 @@ impl WorkerState {
             leases: BTreeMap::new(),
             breaker: Breaker::default(),
             claims_served: 0,
+            last_preempted_ms: None,
         }
     }
 
@@ -65,6 +81,11 @@ impl WorkerState {
 
     /// Each GPU Sluice may use that has a place and memory left, by index in the heartbeat.
     pub fn free_gpus(&self) -> BTreeMap<u32, GpuRoom> {
+        self.free_gpus_without(None)
+    }
+
+    /// `free_gpus` as it would be were the lease of `freed` over.
+    pub fn free_gpus_without(&self, freed: Option<TaskId>) -> BTreeMap<u32, GpuRoom> {
         let places = self.places_per_gpu();
         let mut rooms: BTreeMap<u32, GpuRoom> = (0u32..)
             .zip(&self.heartbeat.gpus)
@@ -78,7 +99,12 @@ impl WorkerState {
                 (index, room)
             })
             .collect();
-        for share in self.leases.values().flatten() {
+        let shares = self
+            .leases
+            .iter()
+            .filter(|(id, _)| Some(**id) != freed)
+            .filter_map(|(_, held)| held.share);
+        for share in shares {
             if let Some(room) = rooms.get_mut(&share.gpu) {
                 room.take(share.memory_mb);
             }
@@ -155,6 +181,10 @@ impl Workers {
         self.by_id.get(id)
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &WorkerState)> {
+        self.by_id.iter()
+    }
+
     pub fn get_mut(&mut self, id: &str) -> Option<&mut WorkerState> {
         self.by_id.get_mut(id)
     }
@@ -169,8 +199,8 @@ impl Workers {
             .or_insert_with(WorkerState::new)
     }
 
-    pub fn hold(&mut self, worker: &str, task: TaskId, share: Option<GpuShare>) {
-        self.entry(worker).leases.insert(task, share);
+    pub fn hold(&mut self, worker: &str, task: TaskId, held: Held) {
+        self.entry(worker).leases.insert(task, held);
     }
 
     pub fn release(&mut self, worker: &str, task: TaskId) {

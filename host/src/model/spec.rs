@@ -63,6 +63,20 @@ pub struct TaskSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[A-Za-z0-9._:/@-]{1,128}$")]
     pub concurrency_key: Option<String>,
+    /// Whether an urgent task may stop this one's attempt to take its GPU (when preemption is
+    /// on); the attempt is not counted against `max_attempts`. Urgent tasks never are.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub preemptible: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Serde's skip test for fields that default to true, so that records and fingerprints of
+/// tasks that leave them alone stay as they were.
+pub(crate) fn is_true(value: &bool) -> bool {
+    *value
 }
 
 fn default_device() -> String {

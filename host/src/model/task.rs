@@ -46,6 +46,13 @@ pub struct Task {
     /// See `TaskSpec::concurrency_key`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
+    /// See `TaskSpec::preemptible`.
+    #[serde(default = "yes", skip_serializing_if = "super::spec::is_true")]
+    pub preemptible: bool,
+    /// Attempts stopped by preemption: they do not count against `max_attempts`, so the
+    /// attempts spent are `attempt - preemptions`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub preemptions: u32,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
     pub attempt: u32,
@@ -89,6 +96,14 @@ pub struct Task {
     /// reports measure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_claimed_at_ms: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }
 
 /// Earlier attempts' leases a task remembers, at most; a holder older than these is answered
@@ -171,6 +186,14 @@ pub struct Lease {
     /// it granted instead of new ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_id: Option<String>,
+    /// When an urgent task preempted this attempt: the worker learns it at its next report
+    /// (`attempt-revoked`), and the place stays held until it says `stopped` (or the lease,
+    /// no longer extended, runs out); then the task waits in its queue again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at_ms: Option<u64>,
+    /// The urgent task this attempt was preempted for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_for: Option<super::TaskId>,
 }
 
 impl Lease {
@@ -193,6 +216,15 @@ pub struct Callback {
 }
 
 impl Task {
+    /// Attempts counted against `max_attempts`: those preemption stopped are not.
+    pub fn attempts_spent(&self) -> u32 {
+        debug_assert!(
+            self.preemptions <= self.attempt,
+            "more preemptions than attempts"
+        );
+        self.attempt.saturating_sub(self.preemptions)
+    }
+
     /// Its variant of the `kind` experiment, if it was assigned one.
     pub fn variant(&self, kind: super::PolicyKind) -> Option<VariantTag> {
         self.variants.iter().find(|tag| tag.kind == kind).copied()

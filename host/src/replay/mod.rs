@@ -270,6 +270,7 @@ impl Trace {
                 model: None,
             },
             concurrency_key: None,
+            preemptible: true,
         }
     }
 }

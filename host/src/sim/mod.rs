@@ -262,4 +262,6 @@ mod concurrency_tests;
 #[cfg(test)]
 mod fairness_tests;
 #[cfg(test)]
+mod preempt_tests;
+#[cfg(test)]
 mod tests;

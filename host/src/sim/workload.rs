@@ -266,6 +266,7 @@ fn submission(
         callback_url: None,
         resources: Default::default(),
         concurrency_key: None,
+        preemptible: true,
     };
     // Built here from valid parts: a refusal is a bug in this generator, and is logged.
     spec.into_submission(None, &Limits::default())

@@ -2,8 +2,9 @@
 //! outcome. Reports are retried on transport errors and on 5xx answers (a full disk, a restart)
 //! while the lease lasts (the server answers a repeated report as it did the first); a refusal
 //! (409 stale lease) ends the attempt quietly. When the server answers `attempt-cancelled`
-//! (the task was cancelled, or passed its deadline), the executor is told, and once it has
-//! returned the worker reports `stopped`, which frees the attempt's GPU on the server.
+//! (the task was cancelled, or passed its deadline) or `attempt-revoked` (an urgent task
+//! preempted it), the executor is told, and once it has returned the worker reports `stopped`,
+//! which frees the attempt's GPU on the server.
 
 use super::{Cancel, Executor, LeaseGrant, Outcome, WorkerStats};
 use crate::client::{Client, ClientError};
@@ -17,6 +18,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 const REPORT_TRIES: u32 = 5;
 const MAX_REPORT_PAUSE: Duration = Duration::from_secs(2);
 const CANCELLED: &str = "urn:sluice:problem:attempt-cancelled";
+const REVOKED: &str = "urn:sluice:problem:attempt-revoked";
+
+/// The server's word that this attempt must stop: its task ended, or it was preempted.
+fn told_to_stop(kind: &str) -> bool {
+    kind == CANCELLED || kind == REVOKED
+}
 
 pub(super) struct Attempt<E> {
     pub client: Client,
@@ -84,10 +91,10 @@ impl<E: Executor> Attempt<E> {
         }
     }
 
-    /// Tells the server the attempt has stopped after `attempt-cancelled`.
+    /// Tells the server the attempt has stopped after `attempt-cancelled` or `attempt-revoked`.
     async fn stopped(&self, id: TaskId, token: &str, lease_ends_ms: &AtomicU64) {
         self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(task_id = %id, "stopped the attempt: its task was cancelled or passed its deadline");
+        tracing::info!(task_id = %id, "stopped the attempt: its task ended, or it was preempted");
         self.report(id, token, "stopped", Map::new(), lease_ends_ms)
             .await;
     }
@@ -108,7 +115,7 @@ impl<E: Executor> Attempt<E> {
                 Ok(_) => return Reported::Done,
                 Err(ClientError::Problem {
                     status: 409, kind, ..
-                }) if kind == CANCELLED => {
+                }) if told_to_stop(&kind) => {
                     return Reported::Cancelled;
                 }
                 Err(ClientError::Problem {
@@ -172,8 +179,8 @@ async fn keep_alive(
             }
             Err(ClientError::Problem {
                 status: 409, kind, ..
-            }) if kind == CANCELLED => {
-                tracing::info!(task_id = %id, "the task was cancelled: stopping the attempt");
+            }) if told_to_stop(&kind) => {
+                tracing::info!(task_id = %id, %kind, "told to stop the attempt: stopping it");
                 let _ = cancel.send(true);
                 return;
             }

@@ -1,5 +1,5 @@
-//! The synthetic executor of `sluice worker`: it takes `exec_ms` per task and fails a share of
-//! them with a chosen class, for tests and demos.
+//! The synthetic executor of `sluice worker`: it takes `exec_ms` per task (or the `exec_ms` a
+//! task's payload names) and fails a share of them with a chosen class, for tests and demos.
 
 use super::{Cancel, Executor, LeaseGrant, Outcome};
 use crate::model::FailureClass;
@@ -7,6 +7,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Mutex;
 use std::time::Duration;
+
+/// The longest a payload may ask an attempt to take: an hour.
+const MAX_EXEC_MS: u64 = 3_600_000;
 
 pub struct Synthetic {
     pub worker: String,
@@ -34,6 +37,19 @@ impl Synthetic {
         }
     }
 
+    /// The payload's `exec_ms` when it has one (a number), else the worker's.
+    fn exec_ms(&self, grant: &LeaseGrant) -> u64 {
+        #[derive(serde::Deserialize)]
+        struct Timed {
+            exec_ms: u64,
+        }
+        grant
+            .payload
+            .as_deref()
+            .and_then(|raw| serde_json::from_str::<Timed>(raw.get()).ok())
+            .map_or(self.exec_ms, |timed| timed.exec_ms.min(MAX_EXEC_MS))
+    }
+
     fn fails(&self) -> bool {
         let mut random = self.random.lock().unwrap_or_else(|p| p.into_inner());
         random.random_bool(self.fail_rate)
@@ -43,7 +59,7 @@ impl Synthetic {
 impl Executor for Synthetic {
     async fn execute(&self, grant: &LeaseGrant, mut cancel: Cancel) -> Outcome {
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(self.exec_ms)) => {}
+            _ = tokio::time::sleep(Duration::from_millis(self.exec_ms(grant))) => {}
             _ = cancel.cancelled() => {
                 return Outcome::Fail {
                     class: FailureClass::Transient,

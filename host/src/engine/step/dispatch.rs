@@ -130,6 +130,17 @@ impl Stepper<'_> {
                 })
             }
             Verdict::Ended { state } => Err(StepError::AttemptCancelled { task_id: id, state }),
+            Verdict::Revoked { urgent } => Err(StepError::AttemptRevoked {
+                task_id: id,
+                urgent,
+            }),
+            Verdict::StoppedAfterRevoke => {
+                let change = self
+                    .engine
+                    .plan_preempted(now_ms, &task, true)
+                    .map_err(illegal)?;
+                Ok(self.plan(change))
+            }
             Verdict::StoppedAfterEnd { state } => {
                 let change = self.engine.plan_place_freed(now_ms, &task, true);
                 let task = self.plan(change);
@@ -263,12 +274,39 @@ impl Stepper<'_> {
                 tracing::error!(%error, "could not fail an expired attempt");
             }
         }
+        self.preempt(now_ms);
         if now_ms >= self.engine.next_aging_ms {
             self.engine.next_aging_ms =
                 now_ms.saturating_add(self.engine.options.aging_interval_ms);
             self.age(now_ms);
             self.refresh_weights(now_ms);
             self.engine.forget_silent_workers(now_ms);
+        }
+    }
+
+    /// Revokes the attempts urgent tasks that waited too long preempt (when preemption is on).
+    fn preempt(&mut self, now_ms: u64) {
+        for preemption in self.engine.preemptions_due(now_ms) {
+            let victim = match self.task(preemption.victim) {
+                Ok(task) => task,
+                Err(error) => {
+                    tracing::error!(task_id = %preemption.victim, %error, "could not read a task to preempt");
+                    continue;
+                }
+            };
+            let held_there = victim.lease.as_ref().is_some_and(|lease| {
+                lease.worker == preemption.worker && lease.revoked_at_ms.is_none()
+            });
+            debug_assert!(
+                held_there,
+                "the engine's worker table and the task disagree"
+            );
+            if !held_there || !matches!(victim.state, State::Claimed | State::Running) {
+                continue;
+            }
+            tracing::info!(task_id = %victim.id, urgent = %preemption.urgent, worker = %preemption.worker, "preempting an attempt for an urgent task");
+            let change = self.engine.plan_revoke(now_ms, &victim, preemption.urgent);
+            self.plan(change);
         }
     }
 
@@ -304,6 +342,13 @@ impl Stepper<'_> {
             // No room at the deliverer: the callback stays due, for a later tick.
             Some(Due::Callback) => {}
             Some(Due::Merge) => self.merge_family(&task)?,
+            Some(Due::Preempted) => {
+                let change = self
+                    .engine
+                    .plan_preempted(now_ms, &task, false)
+                    .map_err(illegal)?;
+                self.plan(change);
+            }
             Some(Due::PlaceFreed) => {
                 let change = self.engine.plan_place_freed(now_ms, &task, false);
                 self.plan(change);

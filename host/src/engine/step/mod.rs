@@ -98,6 +98,14 @@ impl Input {
     }
 }
 
+fn revoked_detail(task_id: TaskId, urgent: Option<TaskId>) -> String {
+    let by = urgent.map_or_else(String::new, |id| format!(" by urgent task {id}"));
+    format!(
+        "task {task_id}'s attempt was preempted{by}: stop it and report `stopped`; \
+         the task waits again with no attempt spent"
+    )
+}
+
 /// Why a step refused an input, or could not finish it.
 #[derive(Debug, thiserror::Error)]
 pub enum StepError {
@@ -126,6 +134,13 @@ pub enum StepError {
         "task {task_id} is {state}: stop the attempt and report `stopped`; its outcome is not kept"
     )]
     AttemptCancelled { task_id: TaskId, state: State },
+    /// An urgent task preempted this attempt: the worker must stop it and report `stopped`;
+    /// the task waits again with no attempt spent.
+    #[error("{}", revoked_detail(*task_id, *urgent))]
+    AttemptRevoked {
+        task_id: TaskId,
+        urgent: Option<TaskId>,
+    },
     #[error("no worker {0}: it has never sent a heartbeat, or was forgotten")]
     UnknownWorker(String),
     #[error(transparent)]

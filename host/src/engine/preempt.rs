@@ -1,0 +1,211 @@
+//! Preemption: an urgent task that has waited `preempt_after_ms` with no worker free to run it
+//! takes the place of a running attempt of a lower bucket. The attempt's lease is revoked (its
+//! worker hears `attempt-revoked` at its next report and stops it), the place it frees is kept
+//! for the urgent task, and the stopped task waits in its queue again with no attempt spent.
+
+use super::Engine;
+use super::breaker::BreakerState;
+use super::concurrency::has_room;
+use crate::model::{Actor, Change, IllegalTransition, Priority, State, Task, TaskId};
+use std::collections::BTreeSet;
+
+/// Urgent tasks looked at per tick, first in line first.
+const SCAN_PER_TICK: usize = 64;
+
+/// One attempt to stop, on `worker`, so that `urgent` can run there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preemption {
+    pub victim: TaskId,
+    pub worker: String,
+    pub urgent: TaskId,
+}
+
+/// A place being freed for an urgent task: `worker`'s next claim gets `urgent` first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub worker: String,
+    pub at_ms: u64,
+}
+
+impl Engine {
+    /// The preemptions due at `now_ms`, each already counted (its worker's interval has
+    /// begun, its place is reserved): at most one per waiting urgent task, and one per worker
+    /// every `preempt_after_ms`. Plan each with `plan_revoke`.
+    pub fn preemptions_due(&mut self, now_ms: u64) -> Vec<Preemption> {
+        let Some(after_ms) = self.options.preempt_after_ms else {
+            return Vec::new();
+        };
+        // A reservation whose urgent task left the queue, or whose worker never claimed it
+        // (it died while stopping the attempt), is dropped: the task may preempt again.
+        let keep_ms = after_ms.saturating_add(self.options.lease_ms);
+        let queues = &self.queues;
+        self.reserved.retain(|urgent, reservation| {
+            queues.get(*urgent).is_some() && now_ms.saturating_sub(reservation.at_ms) <= keep_ms
+        });
+        let mut due = Vec::new();
+        let mut busy_workers = BTreeSet::new();
+        let waiting: Vec<TaskId> = self
+            .queues
+            .iter(Priority::Urgent)
+            .take(SCAN_PER_TICK)
+            .filter(|w| now_ms.saturating_sub(w.view.bucket_since_ms) >= after_ms)
+            .map(|w| w.id)
+            .collect();
+        for urgent in waiting {
+            if self.reserved.contains_key(&urgent) {
+                continue;
+            }
+            let Some(found) = self.victim_for(now_ms, urgent, after_ms, &busy_workers) else {
+                continue;
+            };
+            busy_workers.insert(found.worker.clone());
+            if let Some(worker) = self.workers.get_mut(&found.worker) {
+                worker.last_preempted_ms = Some(now_ms);
+            }
+            self.reserved.insert(
+                urgent,
+                Reservation {
+                    worker: found.worker.clone(),
+                    at_ms: now_ms,
+                },
+            );
+            due.push(found);
+        }
+        due
+    }
+
+    /// The attempt to stop for `urgent`, if one would let it run and none is free: on a
+    /// fresh, healthy worker that can run it and has not preempted within `after_ms`, the
+    /// preemptible attempt of the lowest bucket (the youngest of those) whose place fits it.
+    fn victim_for(
+        &self,
+        now_ms: u64,
+        urgent: TaskId,
+        after_ms: u64,
+        busy_workers: &BTreeSet<String>,
+    ) -> Option<Preemption> {
+        let waiting = self.queues.get(urgent)?;
+        if let Some(key) = &waiting.concurrency_key {
+            // Held by its own key: a freed place would not help.
+            if !has_room(&self.concurrency_limits, &self.key_use, key, 0) {
+                return None;
+            }
+        }
+        let stale_after_ms = self.options.worker_stale_ms;
+        let usable = |state: &super::workers::WorkerState| {
+            state.is_fresh(now_ms, stale_after_ms) && state.breaker.state() == BreakerState::Closed
+        };
+        let someone_free = self.workers.iter().any(|(_, state)| {
+            usable(state)
+                && state.free_slots() > 0
+                && state.fit(waiting, &state.free_gpus()).is_some()
+        });
+        if someone_free {
+            return None;
+        }
+        let mut best: Option<((usize, u64, TaskId), Preemption)> = None;
+        for (id, state) in self.workers.iter() {
+            let may_preempt = state
+                .last_preempted_ms
+                .is_none_or(|at| now_ms.saturating_sub(at) >= after_ms);
+            if !usable(state) || !may_preempt || busy_workers.contains(id) {
+                continue;
+            }
+            for (&task, held) in &state.leases {
+                if !held.preemptible || held.revoked || held.bucket == Priority::Urgent {
+                    continue;
+                }
+                if state
+                    .fit(waiting, &state.free_gpus_without(Some(task)))
+                    .is_none()
+                {
+                    continue;
+                }
+                // Lowest bucket first (the largest index), then the youngest attempt.
+                let rank = (
+                    Priority::ALL.len() - held.bucket.index(),
+                    u64::MAX - held.claimed_at_ms,
+                    task,
+                );
+                if best.as_ref().is_none_or(|(r, _)| rank < *r) {
+                    let found = Preemption {
+                        victim: task,
+                        worker: id.clone(),
+                        urgent,
+                    };
+                    best = Some((rank, found));
+                }
+            }
+        }
+        best.map(|(_, found)| found)
+    }
+
+    /// The urgent tasks whose places are being freed on `worker`: its claims take them first.
+    pub fn reserved_for(&self, worker: &str) -> Vec<TaskId> {
+        self.reserved
+            .iter()
+            .filter(|(_, r)| r.worker == worker)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Revokes the lease of `victim`'s attempt for `urgent`: a note on its timeline, naming
+    /// the urgent task. Its place stays held until the worker stops.
+    pub fn plan_revoke(&self, now_ms: u64, victim: &Task, urgent: TaskId) -> Change {
+        let (attempt, worker) = victim
+            .lease
+            .as_ref()
+            .map_or((0, ""), |l| (l.attempt, l.worker.as_str()));
+        let detail = format!(
+            "attempt {attempt} on worker {worker} preempted by urgent task {urgent}: \
+             the worker is told to stop it"
+        );
+        self.plan_note(now_ms, victim, Actor::scheduler(), detail, |after| {
+            if let Some(lease) = &mut after.lease {
+                lease.revoked_at_ms = Some(now_ms);
+                lease.revoked_for = Some(urgent);
+            }
+        })
+    }
+
+    /// A revoked attempt is over (its worker stopped it, or its lease ran out): the task goes
+    /// through RetryWait back to its queue at once, and the attempt is not counted.
+    pub fn plan_preempted(
+        &mut self,
+        now_ms: u64,
+        task: &Task,
+        by_worker: bool,
+    ) -> Result<Change, IllegalTransition> {
+        let (attempt, worker, urgent) = task.lease.as_ref().map_or((0, "", None), |l| {
+            (l.attempt, l.worker.as_str(), l.revoked_for)
+        });
+        let how = if by_worker {
+            format!("stopped on worker {worker}")
+        } else {
+            format!("not heard of from worker {worker} before its lease ran out")
+        };
+        let urgent = urgent.map_or_else(String::new, |id| format!(" for urgent task {id}"));
+        let detail = format!(
+            "attempt {attempt}, preempted{urgent}, {how}; back in its queue, no attempt spent"
+        );
+        let actor = if by_worker {
+            Actor::worker(worker)
+        } else {
+            Actor::scheduler()
+        };
+        self.plan_with(
+            now_ms,
+            task,
+            &[State::RetryWait, State::Queued],
+            actor,
+            Some(detail),
+            |after| {
+                after.preemptions = after.preemptions.saturating_add(1);
+                after.not_before_ms = None;
+                if let Some(lease) = &mut after.lease {
+                    lease.stopped_at_ms = Some(now_ms);
+                }
+            },
+        )
+    }
+}
