@@ -231,6 +231,7 @@ impl Server {
                     split_kinds: config.split_kinds.clone(),
                     concurrency_limits: concurrency.in_force(),
                     preempt_after_ms: config.preemption.then_some(config.preempt_after_ms),
+                    affinity_wait_ms: config.affinity_wait_ms,
                     ..EngineOptions::default()
                 },
                 sync_claims: config.sync_claims,

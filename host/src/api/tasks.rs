@@ -217,15 +217,18 @@ fn waiting_reason(state: &AppState, task: &Task) -> Option<String> {
     if task.state != crate::model::State::Queued {
         return None;
     }
+    let snapshot = state.scheduler.snapshot();
+    let needed_mb = task.resources.gpu_memory_mb;
+    if let Some(largest_mb) = snapshot.largest_gpu_memory_mb
+        && needed_mb > largest_mb
+    {
+        return Some(format!(
+            "it needs {needed_mb} MB of GPU memory; the largest GPU of any worker has {largest_mb} MB"
+        ));
+    }
     let key = task.concurrency_key.as_deref()?;
     let limit = state.concurrency.limits().limit(key)?;
-    let running = state
-        .scheduler
-        .snapshot()
-        .keys_running
-        .get(key)
-        .copied()
-        .unwrap_or(0);
+    let running = snapshot.keys_running.get(key).copied().unwrap_or(0);
     (running >= limit)
         .then(|| format!("concurrency key {key} is at its limit: {running} of {limit} running"))
 }

@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 use sluice::engine::SHARD_LABEL;
-use sluice::model::{FailureClass, Gpu, Heartbeat};
+use sluice::model::{FailureClass, Gpu, Heartbeat, LoadedModel};
 use sluice::vector::{ShardIndex, ShardPart, VectorExecutor, read_vectors};
 use sluice::worker::synthetic::Synthetic;
 use sluice::worker::{WorkerConfig, run};
@@ -25,6 +25,10 @@ pub struct WorkerArgs {
     /// Memory of each GPU, in MB
     #[arg(long, default_value_t = 16_384)]
     gpu_memory_mb: u64,
+    /// Models held loaded in GPU memory, as name:gpu:memory_mb,... (e.g. seg-v3:0:6000):
+    /// tasks naming one in `resources.model` come here first
+    #[arg(long, value_delimiter = ',', value_parser = parse_loaded_model)]
+    loaded_models: Vec<LoadedModel>,
     /// Labels tasks may require, as k=v,k2=v2
     #[arg(long, value_parser = parse_labels, default_value = "")]
     labels: BTreeMap<String, String>,
@@ -75,6 +79,24 @@ fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
         .collect()
 }
 
+fn parse_loaded_model(text: &str) -> Result<LoadedModel, String> {
+    // From the right, so a model's name may hold colons itself.
+    let mut parts = text.rsplitn(3, ':');
+    let (Some(memory_mb), Some(gpu), Some(name)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(format!("`{text}` is not name:gpu:memory_mb"));
+    };
+    Ok(LoadedModel {
+        name: name.to_owned(),
+        gpu: gpu
+            .parse()
+            .map_err(|_| format!("`{gpu}` is not a GPU index"))?,
+        memory_mb: memory_mb
+            .parse()
+            .map_err(|_| format!("`{memory_mb}` is not a size in MB"))?,
+    })
+}
+
 fn parse_class(text: &str) -> Result<FailureClass, String> {
     FailureClass::ALL
         .into_iter()
@@ -104,6 +126,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         kinds: args.kinds.clone(),
         max_concurrency: args.max_concurrency.unwrap_or(args.gpus.max(1) as u32),
         queue_depth: 0,
+        loaded_models: args.loaded_models.clone(),
     };
     let client = args.server.client()?;
     let shutdown = super::serve::shutdown_signal();

@@ -123,6 +123,7 @@ impl Engine {
                     .fair_iter(bucket)
                     .take(self.options.fit_scan_limit)
                     .filter(|w: &&Waiting| !chosen.contains(&w.id))
+                    .filter(|w: &&Waiting| !self.waits_for_warm(now_ms, worker_id, worker, w))
                     .filter(|w: &&Waiting| {
                         // A key at its limit holds its own tasks back, not those behind them.
                         w.concurrency_key.as_deref().is_none_or(|key| {

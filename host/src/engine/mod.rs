@@ -17,6 +17,7 @@ mod claims;
 mod concurrency;
 mod decide;
 mod family;
+mod placement;
 mod preempt;
 mod queues;
 mod reaper;
@@ -81,6 +82,8 @@ pub struct Snapshot {
     pub bucket_weights: [u32; 3],
     /// Leased tasks per concurrency key, for the keys that have any.
     pub keys_running: std::collections::BTreeMap<String, u32>,
+    /// The most memory one GPU of any known worker has; none while no worker has a GPU.
+    pub largest_gpu_memory_mb: Option<u64>,
 }
 
 /// The engine's settings: bounds and durations, all in ms.
@@ -109,6 +112,9 @@ pub struct EngineOptions {
     /// Preemption, when on: how long an urgent task waits with no worker free before the
     /// attempt of a lower bucket is stopped for it (and how often one worker may be asked to).
     pub preempt_after_ms: Option<u64>,
+    /// How long a task naming a model waits for a worker with that model loaded before it
+    /// may go to one that must load it.
+    pub affinity_wait_ms: u64,
 }
 
 impl Default for EngineOptions {
@@ -125,6 +131,7 @@ impl Default for EngineOptions {
             split_kinds: vec!["vector.search".to_owned()],
             concurrency_limits: Vec::new(),
             preempt_after_ms: None,
+            affinity_wait_ms: 10_000,
         }
     }
 }
@@ -151,6 +158,8 @@ pub struct Engine {
     key_use: concurrency::KeyUse,
     /// Urgent tasks for which a preempted attempt's place is being freed, and where.
     reserved: std::collections::BTreeMap<TaskId, preempt::Reservation>,
+    /// Which workers have which models loaded.
+    warm_models: placement::WarmModels,
     tasks_by_state: [u64; 12],
     illegal_transitions: u64,
     /// When the next tick ages the queues.
@@ -170,6 +179,7 @@ impl Engine {
             concurrency_limits,
             key_use: concurrency::KeyUse::default(),
             reserved: std::collections::BTreeMap::new(),
+            warm_models: placement::WarmModels::default(),
             options,
             ids: IdGenerator::default(),
             next_event_seq: 1,
@@ -298,6 +308,7 @@ impl Engine {
             last_event_seq: self.next_event_seq - 1,
             workers: self.workers.len(),
             bucket_weights: self.bucket_weights,
+            largest_gpu_memory_mb: self.largest_gpu_memory_mb(),
             keys_running: self
                 .key_use
                 .all()

@@ -133,6 +133,19 @@ impl WorkerState {
         if self.heartbeat.gpus.is_empty() {
             return (task.gpu_memory_mb == 0).then_some(None);
         }
+        // The GPU that has its model loaded, when it has the room.
+        let warm = task
+            .model
+            .as_deref()
+            .and_then(|model| self.heartbeat.gpu_with(model))
+            .filter(|gpu| {
+                free_gpus
+                    .get(gpu)
+                    .is_some_and(|room| room.memory_mb >= task.gpu_memory_mb)
+            });
+        if warm.is_some() {
+            return Some(warm);
+        }
         free_gpus
             .iter()
             .filter(|(_, room)| room.memory_mb >= task.gpu_memory_mb)
@@ -258,6 +271,17 @@ impl super::Engine {
             });
         }
         let state = self.workers.entry(worker);
+        if state.heartbeat.loaded_models != heartbeat.loaded_models {
+            self.warm_models.update(
+                worker,
+                state
+                    .heartbeat
+                    .loaded_models
+                    .iter()
+                    .map(|m| m.name.as_str()),
+                heartbeat.loaded_models.iter().map(|m| m.name.as_str()),
+            );
+        }
         state.heartbeat = heartbeat;
         state.last_heartbeat_ms = Some(now_ms);
         Ok(())
@@ -267,6 +291,9 @@ impl super::Engine {
     pub fn forget_silent_workers(&mut self, now_ms: u64) {
         self.workers
             .forget_silent(now_ms, self.options.forget_worker_ms);
+        let workers = &self.workers;
+        self.warm_models
+            .retain_workers(|worker| workers.get(worker).is_some());
     }
 
     pub fn workers(&self, now_ms: u64) -> Vec<WorkerView> {

@@ -8,6 +8,21 @@ pub const MAX_GPUS: usize = 64;
 pub const MAX_WORKER_LABELS: usize = 64;
 pub const MAX_CONCURRENCY: u32 = 1024;
 pub const MAX_WORKER_KINDS: usize = 64;
+pub const MAX_LOADED_MODELS: usize = 256;
+
+/// A model a worker holds in one GPU's memory, ready to run: tasks that name it go there
+/// first (warm placement).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoadedModel {
+    #[schema(pattern = "^[A-Za-z0-9._:/@-]{1,128}$")]
+    pub name: String,
+    /// The GPU it is loaded on, by index in `gpus`.
+    pub gpu: u32,
+    /// The GPU memory it occupies.
+    #[serde(default)]
+    pub memory_mb: u64,
+}
 
 /// One GPU of a worker. `free` says whether Sluice may use it (false while something outside
 /// Sluice holds it); Sluice itself tracks which GPUs its own leases occupy.
@@ -45,6 +60,19 @@ pub struct Heartbeat {
     /// Work the worker holds locally, as it reports it (shown, not used for decisions).
     #[serde(default)]
     pub queue_depth: u32,
+    /// The models in its GPUs' memory now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loaded_models: Vec<LoadedModel>,
+}
+
+impl Heartbeat {
+    /// The GPU `model` is loaded on, if it is (the first, when on several).
+    pub fn gpu_with(&self, model: &str) -> Option<u32> {
+        self.loaded_models
+            .iter()
+            .find(|loaded| loaded.name == model)
+            .map(|loaded| loaded.gpu)
+    }
 }
 
 impl Default for Heartbeat {
@@ -55,6 +83,7 @@ impl Default for Heartbeat {
             kinds: Vec::new(),
             max_concurrency: 1,
             queue_depth: 0,
+            loaded_models: Vec::new(),
         }
     }
 }
@@ -86,6 +115,30 @@ impl Heartbeat {
         }
         for kind in &self.kinds {
             check_name("kinds", kind)?;
+        }
+        if self.loaded_models.len() > MAX_LOADED_MODELS {
+            return Err(field(
+                "loaded_models",
+                format!("at most {MAX_LOADED_MODELS} models"),
+            ));
+        }
+        for loaded in &self.loaded_models {
+            check_name("loaded_models", &loaded.name)?;
+            let Some(gpu) = self.gpus.get(loaded.gpu as usize) else {
+                return Err(field(
+                    "loaded_models",
+                    format!(
+                        "model {} names GPU {}, which is not in gpus",
+                        loaded.name, loaded.gpu
+                    ),
+                ));
+            };
+            if loaded.memory_mb > gpu.memory_mb {
+                return Err(field(
+                    "loaded_models",
+                    format!("model {} takes more memory than its GPU has", loaded.name),
+                ));
+            }
         }
         if self.max_concurrency == 0 || self.max_concurrency > MAX_CONCURRENCY {
             return Err(field(

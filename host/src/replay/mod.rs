@@ -456,6 +456,7 @@ impl<'a> Replay<'a> {
                         kinds: Vec::new(),
                         max_concurrency: group.gpus,
                         queue_depth: 0,
+                        loaded_models: Vec::new(),
                     },
                     slots: group.gpus as usize,
                     busy: 0,

@@ -262,6 +262,8 @@ mod concurrency_tests;
 #[cfg(test)]
 mod fairness_tests;
 #[cfg(test)]
+mod placement_tests;
+#[cfg(test)]
 mod preempt_tests;
 #[cfg(test)]
 mod tests;

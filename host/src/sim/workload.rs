@@ -237,6 +237,7 @@ fn heartbeat(worker: &SimWorker) -> Heartbeat {
         },
         max_concurrency: worker.slots,
         queue_depth: 0,
+        loaded_models: Vec::new(),
     }
 }
 
