@@ -50,12 +50,22 @@ pub struct SimArgs {
     /// for the same time.
     #[arg(long, default_value = "trace")]
     service: String,
+    /// Turn preemption on: an urgent task that waited this long (virtual ms) with no worker
+    /// free stops the lowest bucket's attempt (see docs/dispatch.md) [default: off]
+    #[arg(long)]
+    preempt_after_ms: Option<u64>,
     /// Refuse a trace of more tasks (a million take about 60 MB per run).
     #[arg(long, default_value_t = 5_000_000)]
     max_tasks: usize,
 }
 
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
+    if args
+        .preempt_after_ms
+        .is_some_and(|ms| !(100..=86_400_000).contains(&ms))
+    {
+        anyhow::bail!("--preempt-after-ms must be 100 to 86400000");
+    }
     if args.fail_per_mille > 1_000 {
         anyhow::bail!("--fail-per-mille is at most 1000");
     }
@@ -84,6 +94,10 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         mean_ms_between_crashes: args.mean_ms_between_crashes,
         restart_ms: args.restart_ms,
         max_attempts: args.max_attempts,
+        engine: sluice::engine::EngineOptions {
+            preempt_after_ms: args.preempt_after_ms,
+            ..sluice::engine::EngineOptions::default()
+        },
         ..ReplayOptions::default()
     };
     // Each variant on a thread of its own: the runs share only the trace, so this changes

@@ -656,6 +656,9 @@ impl<'a> Replay<'a> {
     fn reports(&mut self, now_ms: u64) {
         let lease_beat_ms = (self.options.engine.lease_ms / 3).max(1);
         let mut batch = Vec::new();
+        // The attempt each lease heartbeat in `batch` is for: one may be answered
+        // `attempt-revoked` (preempted), and the worker then stops it.
+        let mut beats: Vec<Option<u64>> = Vec::new();
         while let Some(&Reverse((at, n))) = self.due.peek() {
             if at > now_ms || batch.len() == MAX_BATCH {
                 break;
@@ -666,6 +669,7 @@ impl<'a> Replay<'a> {
             };
             if attempt.ends_ms > now_ms {
                 batch.push((attempt.task, attempt.token.clone(), Report::Heartbeat));
+                beats.push(Some(n));
                 let next = (now_ms + lease_beat_ms).min(attempt.ends_ms);
                 self.due.push(Reverse((next, n)));
                 continue;
@@ -697,11 +701,37 @@ impl<'a> Replay<'a> {
                 },
             };
             batch.push((attempt.task, attempt.token, report));
+            beats.push(None);
         }
-        if !batch.is_empty() {
-            self.last_progress_ms = now_ms;
-            self.driver.step(Input::Reports(batch));
+        if batch.is_empty() {
+            return;
         }
+        self.last_progress_ms = now_ms;
+        let crate::engine::Reply::Reports(answers) = self.driver.step(Input::Reports(batch)) else {
+            return;
+        };
+        let stopped: Vec<_> = answers
+            .iter()
+            .zip(beats)
+            .filter_map(|(answer, beat)| match answer {
+                Err(crate::engine::StepError::AttemptRevoked { .. }) => beat,
+                _ => None,
+            })
+            .filter_map(|n| self.stop(now_ms, n))
+            .collect();
+        if !stopped.is_empty() {
+            self.driver.step(Input::Reports(stopped));
+        }
+    }
+
+    /// A preempted attempt stops at once: its worker's place is free, and it says `stopped`.
+    fn stop(&mut self, now_ms: u64, n: u64) -> Option<(TaskId, String, Report)> {
+        let attempt = self.attempts.remove(&n)?;
+        self.busy_slot_ms += now_ms.saturating_sub(attempt.started_ms);
+        let worker = &mut self.workers[attempt.worker];
+        worker.busy = worker.busy.saturating_sub(1);
+        self.free.insert(attempt.worker);
+        Some((attempt.task, attempt.token, Report::Stopped))
     }
 
     fn arrivals(&mut self, now_ms: u64) {

@@ -318,3 +318,46 @@ fn drawn_service_times_follow_their_model_from_the_seed_and_every_variant_shares
         serde_json::to_value(SimReport::new(&trace, 1, "1x1".into(), vec![figures])).unwrap();
     assert_eq!(json["service"], "fixed:100");
 }
+
+#[test]
+fn preemption_in_a_simulation_starts_urgent_work_sooner_and_loses_nothing() {
+    // Two GPUs busy with ten-minute low tasks; urgent tasks of a second each arrive behind.
+    let mut tasks: Vec<TraceTask> = (0..4)
+        .map(|_| {
+            let mut low = TraceTask::at(0, 600_000);
+            low.priority = Priority::Low;
+            low
+        })
+        .collect();
+    for n in 0..4 {
+        let mut urgent = TraceTask::at(1_000 + n * 10_000, 1_000);
+        urgent.priority = Priority::Urgent;
+        tasks.push(urgent);
+    }
+    let trace = Trace::from_tasks(tasks).unwrap();
+    let waiting = report(&trace, &defaults(), &options("1x2"));
+    let preempting = ReplayOptions {
+        engine: crate::engine::EngineOptions {
+            preempt_after_ms: Some(5_000),
+            ..crate::engine::EngineOptions::default()
+        },
+        ..options("1x2")
+    };
+    let preempted = report(&trace, &defaults(), &preempting);
+    for figures in [&waiting, &preempted] {
+        assert_eq!(figures.completed, 8, "{figures:?}");
+        assert!(figures.drained);
+    }
+    let urgent_max_ms = |f: &VariantReport| f.wait_ms[&Priority::Urgent].max_ms;
+    // Without preemption an urgent task waits for a low one to end; with it, for
+    // preempt_after_ms and the victim's next lease heartbeat (every 10 s here).
+    assert!(urgent_max_ms(&waiting) >= 599_000, "{waiting:?}");
+    assert!(
+        urgent_max_ms(&preempted) <= 5_000 + 10_000 + 200,
+        "{preempted:?}"
+    );
+    // Preempted attempts are not spent: the same attempts per task as scripted (none failed)
+    // plus the stopped ones, and nothing completes twice.
+    assert!(preempted.attempts_per_task > 1.0);
+    assert_eq!(preempted.dead, 0);
+}
