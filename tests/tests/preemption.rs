@@ -119,6 +119,26 @@ async fn urgent_tasks_preempt_low_ones_which_complete_later_with_no_attempt_spen
             "the worker stopped it and it waited again: {events:?}"
         );
     }
+    let metrics = client
+        .get(server.endpoint("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .map(str::to_owned)
+    };
+    assert_eq!(value("sluice_task_preemptions_total").as_deref(), Some("2"));
+    assert_eq!(
+        value("sluice_task_retries_total").as_deref(),
+        Some("0"),
+        "a preemption is not a retry"
+    );
     for worker in workers {
         let summary = worker.terminate();
         assert!(

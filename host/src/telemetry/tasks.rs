@@ -1,5 +1,5 @@
 //! Task metrics: what the writer commits, counted as it commits it — arrivals, transitions,
-//! waits, execution times, failures, retries and deaths.
+//! waits, execution times, failures, retries, preemptions and deaths.
 
 use super::labels::{LabelBudget, failure_reason};
 use crate::model::{Change, State, Task, TaskId};
@@ -71,6 +71,7 @@ pub struct TaskMetrics {
     exec: HistogramFamily<KindLabels>,
     failures: Family<FailureLabels, Counter>,
     retries: Counter,
+    preemptions: Counter,
     dead: Counter,
     refused_reports: Family<RefusedLabels, Counter>,
     /// The status page's last 15 minutes: waits go in here too.
@@ -90,6 +91,7 @@ impl Default for TaskMetrics {
             exec: Family::new_with_constructor(exec_histogram),
             failures: Family::default(),
             retries: Counter::default(),
+            preemptions: Counter::default(),
             dead: Counter::default(),
             refused_reports: Family::default(),
             history: std::sync::Arc::default(),
@@ -132,6 +134,11 @@ impl TaskMetrics {
             "task_retries",
             "Attempts sent to retry wait by the retry policy",
             self.retries.clone(),
+        );
+        registry.register(
+            "task_preemptions",
+            "Attempts stopped for urgent work and queued again, not counted as failures or retries",
+            self.preemptions.clone(),
         );
         registry.register(
             "task_dead",
@@ -208,6 +215,15 @@ impl TaskMetrics {
                 }
             }
             _ => {}
+        }
+        // A preempted attempt goes through RetryWait too, but it neither failed nor retries.
+        let preempted = to == State::RetryWait
+            && task.lease.as_ref().is_some_and(|lease| {
+                lease.revoked_at_ms.is_some() && lease.stopped_at_ms == Some(at_ms)
+            });
+        if preempted {
+            self.preemptions.inc();
+            return;
         }
         let failed = matches!(to, State::RetryWait | State::Dead | State::Failed);
         if let Some(error) = task.error.as_ref().filter(|_| failed) {
