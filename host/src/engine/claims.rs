@@ -104,7 +104,11 @@ impl Engine {
             let Some(waiting) = self.queues.get(task) else {
                 continue;
             };
-            let Some(gpu) = worker.fit(waiting, &free_gpus) else {
+            let key_has_room = waiting.concurrency_key.as_deref().is_none_or(|key| {
+                let picked = picked_keys.get(key).copied().unwrap_or(0);
+                has_room(&self.concurrency_limits, &self.key_use, key, picked)
+            });
+            let Some(gpu) = worker.fit(waiting, &free_gpus).filter(|_| key_has_room) else {
                 continue;
             };
             if let Some(room) = gpu.and_then(|gpu| free_gpus.get_mut(&gpu)) {

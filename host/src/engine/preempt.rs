@@ -7,7 +7,6 @@ use super::Engine;
 use super::breaker::BreakerState;
 use super::concurrency::has_room;
 use crate::model::{Actor, Change, IllegalTransition, Priority, State, Task, TaskId};
-use std::collections::BTreeSet;
 
 /// Urgent tasks looked at per tick, first in line first.
 const SCAN_PER_TICK: usize = 64;
@@ -18,6 +17,14 @@ pub struct Preemption {
     pub victim: TaskId,
     pub worker: String,
     pub urgent: TaskId,
+}
+
+/// Where preemption may look this tick.
+struct Candidates {
+    /// Workers with a place free.
+    free: Vec<String>,
+    /// (rank, worker, attempt), best victim first.
+    victims: Vec<((usize, u64, TaskId), String, TaskId)>,
 }
 
 /// A place being freed for an urgent task: `worker`'s next claim gets `urgent` first.
@@ -42,23 +49,27 @@ impl Engine {
         self.reserved.retain(|urgent, reservation| {
             queues.get(*urgent).is_some() && now_ms.saturating_sub(reservation.at_ms) <= keep_ms
         });
-        let mut due = Vec::new();
-        let mut busy_workers = BTreeSet::new();
         let waiting: Vec<TaskId> = self
             .queues
             .iter(Priority::Urgent)
             .take(SCAN_PER_TICK)
             .filter(|w| now_ms.saturating_sub(w.view.bucket_since_ms) >= after_ms)
+            .filter(|w| !self.reserved.contains_key(&w.id))
             .map(|w| w.id)
             .collect();
+        if waiting.is_empty() {
+            return Vec::new();
+        }
+        let mut candidates = self.candidates(now_ms, after_ms);
+        let mut due = Vec::new();
         for urgent in waiting {
-            if self.reserved.contains_key(&urgent) {
-                continue;
-            }
-            let Some(found) = self.victim_for(now_ms, urgent, after_ms, &busy_workers) else {
+            let Some(found) = self.victim_for(urgent, &candidates) else {
                 continue;
             };
-            busy_workers.insert(found.worker.clone());
+            // One preemption per worker an interval: its other attempts are no candidates.
+            candidates
+                .victims
+                .retain(|(_, worker, _)| *worker != found.worker);
             if let Some(worker) = self.workers.get_mut(&found.worker) {
                 worker.last_preempted_ms = Some(now_ms);
             }
@@ -74,16 +85,47 @@ impl Engine {
         due
     }
 
-    /// The attempt to stop for `urgent`, if one would let it run and none is free: on a
-    /// fresh, healthy worker that can run it and has not preempted within `after_ms`, the
-    /// preemptible attempt of the lowest bucket (the youngest of those) whose place fits it.
-    fn victim_for(
-        &self,
-        now_ms: u64,
-        urgent: TaskId,
-        after_ms: u64,
-        busy_workers: &BTreeSet<String>,
-    ) -> Option<Preemption> {
+    /// This tick's view of the fleet, taken once for every waiting urgent task: the fresh,
+    /// healthy workers with a place free, and every attempt that may be preempted (not
+    /// urgent, preemptible, not revoked yet, on such a worker not asked within `after_ms`),
+    /// best victim first: the lowest bucket, then the youngest attempt.
+    fn candidates(&self, now_ms: u64, after_ms: u64) -> Candidates {
+        let stale_after_ms = self.options.worker_stale_ms;
+        let mut free = Vec::new();
+        let mut victims = Vec::new();
+        for (id, state) in self.workers.iter() {
+            if !state.is_fresh(now_ms, stale_after_ms)
+                || state.breaker.state() != BreakerState::Closed
+            {
+                continue;
+            }
+            if state.free_slots() > 0 {
+                free.push(id.clone());
+            }
+            let may_preempt = state
+                .last_preempted_ms
+                .is_none_or(|at| now_ms.saturating_sub(at) >= after_ms);
+            if !may_preempt {
+                continue;
+            }
+            for (&task, held) in &state.leases {
+                if held.preemptible && !held.revoked && held.bucket != Priority::Urgent {
+                    let rank = (
+                        Priority::ALL.len() - held.bucket.index(),
+                        u64::MAX - held.claimed_at_ms,
+                        task,
+                    );
+                    victims.push((rank, id.clone(), task));
+                }
+            }
+        }
+        victims.sort_unstable();
+        Candidates { free, victims }
+    }
+
+    /// The attempt to stop for `urgent`, if one would let it run and no place is free: the
+    /// first candidate whose place, once free, fits it.
+    fn victim_for(&self, urgent: TaskId, candidates: &Candidates) -> Option<Preemption> {
         let waiting = self.queues.get(urgent)?;
         if let Some(key) = &waiting.concurrency_key {
             // Held by its own key: a freed place would not help.
@@ -91,53 +133,29 @@ impl Engine {
                 return None;
             }
         }
-        let stale_after_ms = self.options.worker_stale_ms;
-        let usable = |state: &super::workers::WorkerState| {
-            state.is_fresh(now_ms, stale_after_ms) && state.breaker.state() == BreakerState::Closed
-        };
-        let someone_free = self.workers.iter().any(|(_, state)| {
-            usable(state)
-                && state.free_slots() > 0
-                && state.fit(waiting, &state.free_gpus()).is_some()
+        let someone_free = candidates.free.iter().any(|id| {
+            self.workers
+                .get(id)
+                .is_some_and(|state| state.fit(waiting, &state.free_gpus()).is_some())
         });
         if someone_free {
             return None;
         }
-        let mut best: Option<((usize, u64, TaskId), Preemption)> = None;
-        for (id, state) in self.workers.iter() {
-            let may_preempt = state
-                .last_preempted_ms
-                .is_none_or(|at| now_ms.saturating_sub(at) >= after_ms);
-            if !usable(state) || !may_preempt || busy_workers.contains(id) {
-                continue;
-            }
-            for (&task, held) in &state.leases {
-                if !held.preemptible || held.revoked || held.bucket == Priority::Urgent {
-                    continue;
-                }
-                if state
-                    .fit(waiting, &state.free_gpus_without(Some(task)))
-                    .is_none()
-                {
-                    continue;
-                }
-                // Lowest bucket first (the largest index), then the youngest attempt.
-                let rank = (
-                    Priority::ALL.len() - held.bucket.index(),
-                    u64::MAX - held.claimed_at_ms,
-                    task,
-                );
-                if best.as_ref().is_none_or(|(r, _)| rank < *r) {
-                    let found = Preemption {
-                        victim: task,
-                        worker: id.clone(),
-                        urgent,
-                    };
-                    best = Some((rank, found));
-                }
-            }
-        }
-        best.map(|(_, found)| found)
+        candidates
+            .victims
+            .iter()
+            .find(|(_, worker, task)| {
+                self.workers.get(worker).is_some_and(|state| {
+                    state
+                        .fit(waiting, &state.free_gpus_without(Some(*task)))
+                        .is_some()
+                })
+            })
+            .map(|(_, worker, task)| Preemption {
+                victim: *task,
+                worker: worker.clone(),
+                urgent,
+            })
     }
 
     /// The urgent tasks whose places are being freed on `worker`: its claims take them first.
