@@ -115,3 +115,65 @@ async fn model_tasks_go_to_the_warm_worker_and_spill_only_past_affinity_wait_ms(
     warm.terminate();
     cold.terminate();
 }
+
+/// A worker that loads a model as it runs a task for it says so in its next heartbeat, at
+/// once (the reference worker with `--learn-models`, through the worker client's
+/// `LoadedModels`); the next task for that model then goes to it first.
+#[tokio::test]
+async fn a_model_loaded_while_working_is_told_at_once_and_draws_its_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let learner = Worker::start(
+        &server,
+        "learner",
+        &["--gpus", "1", "--learn-models", "--exec-ms", "20"],
+    );
+    let client = http();
+    let submit = || async {
+        let created = post_json(
+            &client,
+            &server.endpoint("/v1/tasks"),
+            &json!({"kind": "oct.scan", "resources": {"gpu_memory_mb": 3000, "model": "seg-b"}}),
+        )
+        .await;
+        assert_eq!(created.status, 201, "{:?}", created.body);
+        created.body["id"].as_str().unwrap().to_owned()
+    };
+    let first = submit().await;
+    let loaded = wait_for(
+        "the learner to say it holds seg-b",
+        Duration::from_secs(30),
+        || async {
+            let workers = get_json(&client, &server.endpoint("/v1/workers")).await;
+            let learner = workers.body["workers"]
+                .as_array()?
+                .iter()
+                .find(|w| w["id"] == "learner")?
+                .clone();
+            let models = learner["loaded_models"].as_array()?.clone();
+            (!models.is_empty()).then_some(models)
+        },
+    )
+    .await;
+    assert_eq!(
+        loaded,
+        [json!({"name": "seg-b", "gpu": 0, "memory_mb": 3000})],
+        "after task {first}"
+    );
+    // A cold worker joins: the next seg-b task still goes to the learner.
+    let cold = Worker::start(&server, "cold", &["--gpus", "1", "--exec-ms", "20"]);
+    wait_for("both workers", Duration::from_secs(30), || async {
+        let workers = get_json(&client, &server.endpoint("/v1/workers")).await;
+        (workers.body["workers"].as_array()?.len() == 2).then_some(())
+    })
+    .await;
+    let second = submit().await;
+    let done = wait_for("the second task", Duration::from_secs(30), || async {
+        let task = get_json(&client, &server.endpoint(&format!("/v1/tasks/{second}"))).await;
+        (task.body["state"] == "completed").then_some(task.body)
+    })
+    .await;
+    assert_eq!(done["lease"]["worker"], "learner", "{done}");
+    learner.terminate();
+    cold.terminate();
+}

@@ -29,6 +29,10 @@ pub struct WorkerArgs {
     /// tasks naming one in `resources.model` come here first
     #[arg(long, value_delimiter = ',', value_parser = parse_loaded_model)]
     loaded_models: Vec<LoadedModel>,
+    /// Hold each model a task names loaded once it has run there, and say so in heartbeats
+    /// (a synthetic model load: nothing is unloaded)
+    #[arg(long)]
+    learn_models: bool,
     /// Labels tasks may require, as k=v,k2=v2
     #[arg(long, value_parser = parse_labels, default_value = "")]
     labels: BTreeMap<String, String>,
@@ -150,14 +154,18 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
         None => {
             heartbeat.validate().context("worker settings")?;
-            let executor = Arc::new(Synthetic::new(
+            let config = WorkerConfig::new(args.id.clone(), heartbeat);
+            let mut executor = Synthetic::new(
                 args.id.clone(),
                 args.exec_ms.unwrap_or(50),
                 args.fail_rate,
                 args.fail_class,
                 args.seed,
-            ));
-            let config = WorkerConfig::new(args.id.clone(), heartbeat);
+            );
+            if args.learn_models {
+                executor.learns_models = Some(config.loaded_models.clone());
+            }
+            let executor = Arc::new(executor);
             tracing::info!(worker = %args.id, server = %args.server.server, "worker started");
             run(client, config, executor, shutdown).await?
         }

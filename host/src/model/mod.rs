@@ -50,7 +50,7 @@ pub use vector::{
     Hit, MAX_DIMENSIONS as VECTOR_MAX_DIMENSIONS, MergedAnswer, Metric, ShardAnswer, ShardFilter,
     ShardQuery, VectorQuery, id_hash,
 };
-pub use worker::{Gpu, Heartbeat, LoadedModel, WorkerEvent, check_worker_id};
+pub use worker::{Gpu, Heartbeat, LoadedModel, MAX_LOADED_MODELS, WorkerEvent, check_worker_id};
 
 /// The target of the spans that follow a task — `submit`, `admit`, `claim`, `start`,
 /// `complete`, `fail` — each with a `task_id` field. They are at debug level, so they cost

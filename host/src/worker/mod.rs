@@ -6,7 +6,7 @@ mod lease;
 pub mod synthetic;
 
 use crate::client::{Client, ClientError};
-use crate::model::{FailureClass, Heartbeat};
+use crate::model::{FailureClass, Heartbeat, LoadedModel};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,10 +56,53 @@ impl Cancel {
     }
 }
 
+/// The models a worker holds loaded in GPU memory, as its executor loads and unloads them: a
+/// change is sent in a heartbeat at once, so tasks for a model find the worker that has it.
+/// Clones share one list.
+#[derive(Clone, Debug)]
+pub struct LoadedModels(Arc<tokio::sync::watch::Sender<Vec<LoadedModel>>>);
+
+impl LoadedModels {
+    pub fn new(models: Vec<LoadedModel>) -> Self {
+        LoadedModels(Arc::new(tokio::sync::watch::Sender::new(models)))
+    }
+
+    pub fn get(&self) -> Vec<LoadedModel> {
+        self.0.borrow().clone()
+    }
+
+    /// Adds `model` (or moves it to another GPU); at most `MAX_LOADED_MODELS`, the oldest
+    /// going first.
+    pub fn loaded(&self, model: LoadedModel) {
+        self.0.send_if_modified(|models| {
+            if models.contains(&model) {
+                return false;
+            }
+            models.retain(|held| held.name != model.name);
+            if models.len() >= crate::model::MAX_LOADED_MODELS {
+                models.remove(0);
+            }
+            models.push(model);
+            true
+        });
+    }
+
+    /// Removes the model named `name`.
+    pub fn unloaded(&self, name: &str) {
+        self.0.send_if_modified(|models| {
+            let before = models.len();
+            models.retain(|held| held.name != name);
+            models.len() != before
+        });
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
     pub id: String,
+    /// What each heartbeat says, but for `loaded_models`, which come from `loaded_models`.
     pub heartbeat: Heartbeat,
+    pub loaded_models: LoadedModels,
     /// How long one claim waits for work on the server.
     pub claim_wait_ms: u64,
     pub heartbeat_interval: Duration,
@@ -69,6 +112,7 @@ impl WorkerConfig {
     pub fn new(id: impl Into<String>, heartbeat: Heartbeat) -> Self {
         WorkerConfig {
             id: id.into(),
+            loaded_models: LoadedModels::new(heartbeat.loaded_models.clone()),
             heartbeat,
             claim_wait_ms: 5_000,
             heartbeat_interval: Duration::from_secs(2),
@@ -120,7 +164,7 @@ pub async fn run<E: Executor>(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Arc<WorkerStats>, ClientError> {
     client
-        .worker_heartbeat(&config.id, &config.heartbeat)
+        .worker_heartbeat(&config.id, &config.heartbeat_now())
         .await?;
     let stats = Arc::new(WorkerStats::default());
     let beats = tokio::spawn(heartbeats(client.clone(), config.clone(), stats.clone()));
@@ -168,7 +212,9 @@ pub async fn run<E: Executor>(
         if let Some(reason) = &answer.reason {
             tracing::debug!(code = %reason.code, detail = %reason.detail, "claim refused");
             if reason.code == "unknown-worker" || reason.code == "stale-heartbeat" {
-                let _ = client.worker_heartbeat(&config.id, &config.heartbeat).await;
+                let _ = client
+                    .worker_heartbeat(&config.id, &config.heartbeat_now())
+                    .await;
             }
             let pause = if reason.code == "at-capacity" {
                 AT_CAPACITY_PAUSE
@@ -200,11 +246,33 @@ pub async fn run<E: Executor>(
     Ok(stats)
 }
 
+impl WorkerConfig {
+    /// The heartbeat to send now: the configured one with the models loaded now.
+    pub fn heartbeat_now(&self) -> Heartbeat {
+        Heartbeat {
+            loaded_models: self.loaded_models.get(),
+            ..self.heartbeat.clone()
+        }
+    }
+}
+
+/// Heartbeats every `heartbeat_interval`, and at once when the loaded models change.
 async fn heartbeats(client: Client, config: WorkerConfig, stats: Arc<WorkerStats>) {
     let mut interval = tokio::time::interval(config.heartbeat_interval);
+    let mut models = config.loaded_models.0.subscribe();
     loop {
-        interval.tick().await;
-        if let Err(error) = client.worker_heartbeat(&config.id, &config.heartbeat).await {
+        tokio::select! {
+            _ = interval.tick() => {}
+            changed = models.changed() => {
+                if changed.is_err() {
+                    interval.tick().await;
+                }
+            }
+        }
+        if let Err(error) = client
+            .worker_heartbeat(&config.id, &config.heartbeat_now())
+            .await
+        {
             stats.errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%error, "heartbeat failed");
         }

@@ -17,6 +17,9 @@ pub struct Synthetic {
     /// The share of attempts that fail, 0 to 1.
     pub fail_rate: f64,
     pub fail_class: FailureClass,
+    /// When set, an attempt of a task naming a model it lacks "loads" it on the attempt's GPU
+    /// (with the task's GPU memory), as a real service would, and the next heartbeat says so.
+    pub learns_models: Option<super::LoadedModels>,
     random: Mutex<SmallRng>,
 }
 
@@ -33,6 +36,7 @@ impl Synthetic {
             exec_ms,
             fail_rate: fail_rate.clamp(0.0, 1.0),
             fail_class,
+            learns_models: None,
             random: Mutex::new(SmallRng::seed_from_u64(seed)),
         }
     }
@@ -58,6 +62,13 @@ impl Synthetic {
 
 impl Executor for Synthetic {
     async fn execute(&self, grant: &LeaseGrant, mut cancel: Cancel) -> Outcome {
+        if let (Some(models), Some(model)) = (&self.learns_models, &grant.task.resources.model) {
+            models.loaded(crate::model::LoadedModel {
+                name: model.clone(),
+                gpu: grant.task.lease.as_ref().and_then(|l| l.gpu).unwrap_or(0),
+                memory_mb: grant.task.resources.gpu_memory_mb,
+            });
+        }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(self.exec_ms(grant))) => {}
             _ = cancel.cancelled() => {
