@@ -35,6 +35,9 @@ fn main() {
     watch(&wit);
     watch(&policies.join("Cargo.toml"));
     watch(&policies.join("Cargo.lock"));
+    // `sqlx::migrate!` embeds the migrations at compile time, but on stable Rust it cannot
+    // tell cargo to watch them: a new migration alone would not be built in.
+    watch(&manifest_dir.join("migrations"));
     for entry in std::fs::read_dir(&policies).into_iter().flatten().flatten() {
         let crate_dir = entry.path();
         if crate_dir.join("Cargo.toml").exists() {

@@ -45,6 +45,20 @@ fn state_code(state: State) -> i16 {
     i16::from(state.code())
 }
 
+/// The `live` column (migration 0004) is `state < 7`: the ended states are the codes from 7.
+#[cfg(test)]
+#[test]
+fn the_ended_states_are_the_codes_from_seven() {
+    const FIRST_ENDED_CODE: u8 = 7;
+    for state in State::ALL {
+        assert_eq!(
+            state.is_terminal(),
+            state.code() >= FIRST_ENDED_CODE,
+            "{state}"
+        );
+    }
+}
+
 fn state_of(code: i16) -> Result<State, StoreError> {
     u8::try_from(code)
         .ok()
@@ -370,9 +384,9 @@ impl Store for PgStore {
     }
 
     fn list(&self, query: &ListQuery) -> Result<ListPage, StoreError> {
-        let filtered = query.kind.is_some() || query.device.is_some();
-        // Without a filter on the records, the page is the first `limit` rows; with one, up to
-        // the scan budget is read, as in the embedded store.
+        let filtered = query.kind.is_some() || query.device.is_some() || query.state.is_some();
+        // Without a filter, the page is the first `limit` rows; with one, up to the scan
+        // budget is examined, as in the embedded store.
         let rows_wanted = if filtered {
             query.scan_budget
         } else {
@@ -381,43 +395,38 @@ impl Store for PgStore {
         .max(1);
         let after = query.after.map_or_else(Vec::new, id_bytes);
         let state = query.state.map(state_code);
+        // A live state's tasks are found through the index of live tasks; an ended state's in
+        // id order among all. Only the records of rows in the state asked for are read.
+        let sql = if query.state.is_some_and(|s| !s.is_terminal()) {
+            "SELECT id, CASE WHEN state = $1 THEN record END FROM sluice_tasks \
+             WHERE live AND id > $2 ORDER BY id LIMIT $3"
+        } else {
+            "SELECT id, CASE WHEN $1::int2 IS NULL OR state = $1 THEN record END \
+             FROM sluice_tasks WHERE id > $2 ORDER BY id LIMIT $3"
+        };
         let pool = self.pool();
         let fetch = i64::try_from(rows_wanted.saturating_add(1)).unwrap_or(i64::MAX);
-        let rows: Vec<(Vec<u8>, Vec<u8>)> = self.block(async move {
-            let rows =
-                match state {
-                    Some(state) => {
-                        sqlx::query_as(
-                            "SELECT id, record FROM sluice_tasks WHERE state = $1 AND id > $2 \
-                     ORDER BY id LIMIT $3",
-                        )
-                        .bind(state)
-                        .bind(after)
-                        .bind(fetch)
-                        .fetch_all(&pool)
-                        .await?
-                    }
-                    None => sqlx::query_as(
-                        "SELECT id, record FROM sluice_tasks WHERE id > $1 ORDER BY id LIMIT $2",
-                    )
-                    .bind(after)
-                    .bind(fetch)
-                    .fetch_all(&pool)
-                    .await?,
-                };
-            Ok(rows)
+        let rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = self.block(async move {
+            Ok(sqlx::query_as(sql)
+                .bind(state)
+                .bind(after)
+                .bind(fetch)
+                .fetch_all(&pool)
+                .await?)
         })?;
         let mut page = ListPage::default();
         let mut examined = 0;
         let mut rows = rows.into_iter().peekable();
         while let Some((id, record)) = rows.next() {
             let id = task_id(&id)?;
-            let task = decode_task(&record)?;
             examined += 1;
-            let wanted = query.kind.as_ref().is_none_or(|k| *k == task.kind)
-                && query.device.as_ref().is_none_or(|d| *d == task.device);
-            if wanted {
-                page.tasks.push(task);
+            if let Some(record) = record {
+                let task = decode_task(&record)?;
+                let wanted = query.kind.as_ref().is_none_or(|k| *k == task.kind)
+                    && query.device.as_ref().is_none_or(|d| *d == task.device);
+                if wanted {
+                    page.tasks.push(task);
+                }
             }
             if page.tasks.len() >= query.limit || examined >= rows_wanted {
                 if rows.peek().is_some() {
@@ -472,17 +481,16 @@ impl Store for PgStore {
                     .fetch_all(&mut *tx)
                     .await?;
             let queued_rows: Vec<QueuedRow> = sqlx::query_as(
-                "SELECT id, queue_entry, record FROM sluice_tasks WHERE state = $1 ORDER BY id",
+                "SELECT id, queue_entry, record FROM sluice_tasks WHERE live AND state = $1 \
+                 ORDER BY id",
             )
             .bind(queued)
             .fetch_all(&mut *tx)
             .await?;
             let live_rows: Vec<Vec<u8>> = sqlx::query_scalar(
-                "SELECT record FROM sluice_tasks WHERE state <> $1 AND NOT (state = ANY($2)) \
-                 ORDER BY id",
+                "SELECT record FROM sluice_tasks WHERE live AND state <> $1 ORDER BY id",
             )
             .bind(queued)
-            .bind(&terminal)
             .fetch_all(&mut *tx)
             .await?;
             let callbacks: Vec<Vec<u8>> = sqlx::query_scalar(

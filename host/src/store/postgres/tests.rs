@@ -3,8 +3,9 @@
 
 use super::*;
 use crate::engine::Engine;
-use crate::model::{Limits, Submission, TaskSpec};
+use crate::model::{Limits, State, Submission, TaskSpec};
 use crate::store::Store;
+use crate::store::{ListPage, ListQuery};
 
 /// A fresh database, dropped at the end of the test.
 struct Scratch(String);
@@ -190,4 +191,94 @@ fn the_event_log_reads_back_from_its_blocks_one_event_or_a_run_at_a_time() {
         store.recover().unwrap().last_event_seq,
         logged.last().unwrap().seq
     );
+}
+
+#[test]
+fn listing_by_state_examines_at_most_its_budget_and_state_changes_are_hot_updates() {
+    let Some(db) = scratch() else { return };
+    let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    store.lead("one", "127.0.0.1:1").unwrap();
+    let mut engine = Engine::default();
+    let mut ids = Vec::new();
+    for n in 0..10u64 {
+        let change = plan_create(&mut engine, 1_000 + n, &format!("exam-{n}"));
+        ids.push(change.writes[0].task.id);
+        store.commit(&change).unwrap();
+    }
+    for (n, &id) in ids.iter().enumerate().filter(|(n, _)| n % 3 == 0) {
+        let task = store.task(id).unwrap().unwrap();
+        let to = if n == 9 {
+            State::Cancelled
+        } else {
+            State::Claimed
+        };
+        let change = if to == State::Claimed {
+            engine.plan_claim(5_000, 7, &task, "w", None, None).unwrap()
+        } else {
+            engine
+                .plan_transition(5_000, &task, to, crate::model::Actor::api(), None)
+                .unwrap()
+        };
+        engine.apply(&change);
+        store.commit(&change).unwrap();
+    }
+    store.sync().unwrap();
+    let query = |state, after, limit, scan_budget| ListQuery {
+        state,
+        kind: None,
+        device: None,
+        after,
+        limit,
+        scan_budget,
+    };
+    let listed = |page: &ListPage| page.tasks.iter().map(|t| t.id).collect::<Vec<_>>();
+    // A live state, through the index of live tasks.
+    let claimed = store
+        .list(&query(Some(State::Claimed), None, 100, 100))
+        .unwrap();
+    assert_eq!(listed(&claimed), [ids[0], ids[3], ids[6]]);
+    assert_eq!(claimed.next_after, None);
+    let queued = store
+        .list(&query(Some(State::Queued), None, 100, 100))
+        .unwrap();
+    assert_eq!(queued.tasks.len(), 6);
+    // An ended state, in id order among all.
+    let cancelled = store
+        .list(&query(Some(State::Cancelled), None, 100, 100))
+        .unwrap();
+    assert_eq!(listed(&cancelled), [ids[9]]);
+    // The budget bounds the rows examined, matching or not, and says where to go on.
+    let budgeted = store
+        .list(&query(Some(State::Claimed), None, 100, 2))
+        .unwrap();
+    assert_eq!(listed(&budgeted), [ids[0]]);
+    assert_eq!(budgeted.next_after, Some(ids[1]));
+    let rest = store
+        .list(&query(Some(State::Claimed), budgeted.next_after, 100, 100))
+        .unwrap();
+    assert_eq!(listed(&rest), [ids[3], ids[6]]);
+
+    // The claims changed the state of live tasks only: their rows were updated in place (HOT);
+    // the cancel ended a task, and so changed `live`. The server's statistics arrive within
+    // a second or so of each commit.
+    let pool = store.pool();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let (updates, hot) = loop {
+        let pool = pool.clone();
+        let (updates, hot): (i64, i64) = store
+            .block(async move {
+                Ok(sqlx::query_as(
+                    "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables \
+                     WHERE relname = 'sluice_tasks'",
+                )
+                .fetch_one(&pool)
+                .await?)
+            })
+            .unwrap();
+        if updates >= 4 || std::time::Instant::now() > deadline {
+            break (updates, hot);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!((updates, hot), (4, 3));
 }
