@@ -2,21 +2,10 @@
 //! only, and never runs more than its limit at once.
 
 use super::Driver;
-use super::tests::{claim, heartbeat, options, report, submit};
-use crate::engine::{EngineOptions, Input, Report, Verdict};
+use super::tests::{claim, complete, heartbeat, options, submit};
+use crate::engine::{EngineOptions, Input};
 use crate::model::{ConcurrencyLimit, Priority, State, Task};
 use serde_json::json;
-
-fn complete(world: &mut Driver, task: &Task) {
-    let token = task.lease.as_ref().unwrap().token.clone();
-    let verdict = report(
-        world,
-        task.id,
-        &token,
-        Report::Complete { result: json!(1) },
-    );
-    assert_eq!(verdict, Verdict::Fresh);
-}
 
 fn keyed(tasks: &[Task]) -> usize {
     tasks

@@ -3,8 +3,8 @@
 //! bucket in their proportion.
 
 use super::Driver;
-use super::tests::{claim, heartbeat, options, record, report, submit};
-use crate::engine::{Input, NativeDecider, Report, Verdict};
+use super::tests::{claim, complete, heartbeat, options, record, submit};
+use crate::engine::{Input, NativeDecider};
 use crate::model::{Priority, Task, TaskId};
 use serde_json::json;
 
@@ -16,14 +16,7 @@ fn submit_as(world: &mut Driver, tenant: &str) -> TaskId {
 fn serve_one(world: &mut Driver) -> String {
     let leased = claim(world, "gpu-1", 1);
     let [task]: [Task; 1] = leased.try_into().expect("one task a claim");
-    let token = task.lease.as_ref().unwrap().token.clone();
-    let verdict = report(
-        world,
-        task.id,
-        &token,
-        Report::Complete { result: json!(1) },
-    );
-    assert_eq!(verdict, Verdict::Fresh);
+    complete(world, &task);
     record(world, task.id).tenant
 }
 

@@ -66,7 +66,8 @@ pub(super) fn record(world: &Driver, id: TaskId) -> Task {
     world.task(id).cloned().unwrap()
 }
 
-fn complete(world: &mut Driver, task: &Task) {
+/// Completes `task`'s attempt, which must be the current one.
+pub(super) fn complete(world: &mut Driver, task: &Task) {
     let token = task.lease.as_ref().unwrap().token.clone();
     let verdict = report(
         world,
