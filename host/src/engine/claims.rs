@@ -3,10 +3,10 @@
 //! fair share (`queues`), first in line first inside a tenant; each grant becomes a lease.
 
 use super::breaker::{Allowance, BreakerState};
-use super::concurrency::has_room;
+use super::concurrency::Picked;
 use super::{Engine, Waiting};
 use crate::model::{Actor, Change, Lease, Priority, State, Task, TaskId, WorkerEvent};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 /// A task picked for a worker, and the GPU it will occupy there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,7 +94,7 @@ impl Engine {
         }
         let mut chosen: BTreeSet<TaskId> = BTreeSet::new();
         // Tasks of each concurrency key this claim has picked so far.
-        let mut picked_keys: HashMap<String, u32> = HashMap::new();
+        let mut picked_keys = Picked::default();
         let mut picks = Vec::with_capacity(want);
         // Urgent tasks whose place a preemption freed here go first.
         for task in self.reserved_for(worker_id) {
@@ -104,10 +104,11 @@ impl Engine {
             let Some(waiting) = self.queues.get(task) else {
                 continue;
             };
-            let key_has_room = waiting.concurrency_key.as_deref().is_none_or(|key| {
-                let picked = picked_keys.get(key).copied().unwrap_or(0);
-                has_room(&self.concurrency_limits, &self.key_use, key, picked)
-            });
+            let key_has_room = picked_keys.has_room(
+                &self.concurrency_limits,
+                &self.key_use,
+                waiting.concurrency_key.as_deref(),
+            );
             let Some(gpu) = worker.fit(waiting, &free_gpus).filter(|_| key_has_room) else {
                 continue;
             };
@@ -115,9 +116,7 @@ impl Engine {
                 room.take(waiting.gpu_memory_mb);
             }
             free_gpus.retain(|_, room| room.places > 0);
-            if let Some(key) = &waiting.concurrency_key {
-                *picked_keys.entry(key.clone()).or_default() += 1;
-            }
+            picked_keys.add(waiting.concurrency_key.as_deref());
             chosen.insert(task);
             picks.push(Pick { task, gpu });
         }
@@ -130,10 +129,11 @@ impl Engine {
                     .filter(|w: &&Waiting| !self.waits_for_warm(now_ms, worker_id, worker, w))
                     .filter(|w: &&Waiting| {
                         // A key at its limit holds its own tasks back, not those behind them.
-                        w.concurrency_key.as_deref().is_none_or(|key| {
-                            let picked = picked_keys.get(key).copied().unwrap_or(0);
-                            has_room(&self.concurrency_limits, &self.key_use, key, picked)
-                        })
+                        picked_keys.has_room(
+                            &self.concurrency_limits,
+                            &self.key_use,
+                            w.concurrency_key.as_deref(),
+                        )
                     })
                     .find_map(|w| {
                         let gpu = worker.fit(w, &free_gpus)?;
@@ -155,13 +155,11 @@ impl Engine {
                     free_gpus.retain(|_, room| room.places > 0);
                 }
             }
-            if let Some(key) = self
-                .queues
-                .get(task)
-                .and_then(|w| w.concurrency_key.clone())
-            {
-                *picked_keys.entry(key).or_default() += 1;
-            }
+            picked_keys.add(
+                self.queues
+                    .get(task)
+                    .and_then(|w| w.concurrency_key.as_deref()),
+            );
             chosen.insert(task);
             picks.push(Pick { task, gpu });
         }

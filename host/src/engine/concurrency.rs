@@ -48,10 +48,26 @@ impl KeyUse {
     }
 }
 
-/// Whether one more task of `key` may be leased, with `picked` more of it already chosen by
-/// the claim being planned.
-pub fn has_room(limits: &ConcurrencyLimits, used: &KeyUse, key: &str, picked: u32) -> bool {
-    limits
-        .limit(key)
-        .is_none_or(|limit| used.running(key).saturating_add(picked) < limit)
+/// The tasks of each concurrency key a claim being planned has chosen so far.
+#[derive(Debug, Default)]
+pub struct Picked(HashMap<String, u32>);
+
+impl Picked {
+    /// Whether one more task of `key` (none: no key) may be leased, beside those leased and
+    /// those this claim chose.
+    pub fn has_room(&self, limits: &ConcurrencyLimits, used: &KeyUse, key: Option<&str>) -> bool {
+        key.is_none_or(|key| {
+            let picked = self.0.get(key).copied().unwrap_or(0);
+            limits
+                .limit(key)
+                .is_none_or(|limit| used.running(key).saturating_add(picked) < limit)
+        })
+    }
+
+    /// The claim chose a task of `key`.
+    pub fn add(&mut self, key: Option<&str>) {
+        if let Some(key) = key {
+            *self.0.entry(key.to_owned()).or_default() += 1;
+        }
+    }
 }

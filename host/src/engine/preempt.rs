@@ -5,7 +5,7 @@
 
 use super::Engine;
 use super::breaker::BreakerState;
-use super::concurrency::has_room;
+use super::concurrency::Picked;
 use crate::model::{Actor, Change, IllegalTransition, Priority, State, Task, TaskId};
 
 /// Urgent tasks looked at per tick, first in line first.
@@ -127,11 +127,10 @@ impl Engine {
     /// first candidate whose place, once free, fits it.
     fn victim_for(&self, urgent: TaskId, candidates: &Candidates) -> Option<Preemption> {
         let waiting = self.queues.get(urgent)?;
-        if let Some(key) = &waiting.concurrency_key {
-            // Held by its own key: a freed place would not help.
-            if !has_room(&self.concurrency_limits, &self.key_use, key, 0) {
-                return None;
-            }
+        // Held by its own key: a freed place would not help.
+        let key = waiting.concurrency_key.as_deref();
+        if !Picked::default().has_room(&self.concurrency_limits, &self.key_use, key) {
+            return None;
         }
         let someone_free = candidates.free.iter().any(|id| {
             self.workers
