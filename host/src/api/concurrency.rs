@@ -5,7 +5,7 @@ use super::AppState;
 use super::extract::Decoded;
 use super::guard::Caller;
 use super::problem::ApiError;
-use crate::concurrency_limits::LimitInForce;
+use crate::concurrency_limits::{LimitError, LimitInForce, LimitTable};
 use crate::model::{ConcurrencyLimit, MAX_CONCURRENCY_LIMIT, check_concurrency_limit};
 use axum::Json;
 use axum::body::Body;
@@ -51,6 +51,35 @@ fn checked_key(key: &str) -> Result<(), ApiError> {
     })
 }
 
+/// Writes a change of `key`'s limit to the catalog (`write` answers none when the key has no
+/// limit to change), puts the limits now in force to the engine, and audits it as `action`.
+async fn change(
+    state: &AppState,
+    caller: &crate::auth::Principal,
+    key: &str,
+    action: &str,
+    detail: Option<String>,
+    write: impl FnOnce(&LimitTable, &str) -> Result<Option<Vec<ConcurrencyLimit>>, LimitError>
+    + Send
+    + 'static,
+) -> Result<(), ApiError> {
+    let table = state.concurrency.clone();
+    let changed_key = key.to_owned();
+    let in_force = tokio::task::spawn_blocking(move || write(&table, &changed_key))
+        .await
+        .map_err(|e| ApiError::Internal(format!("the limit's write stopped: {e}")))??
+        .ok_or_else(|| ApiError::ConcurrencyLimitNotFound(key.to_owned()))?;
+    state.scheduler.set_concurrency_limits(in_force).await?;
+    super::tokens::record(
+        state,
+        caller,
+        action,
+        format!("concurrency limit {key}"),
+        detail,
+    )
+    .await
+}
+
 /// Sets the limit on a concurrency key (or a prefix of keys ending in `*`), over the
 /// configuration's; in force from the next claim.
 #[utoipa::path(put, path = "/v1/concurrency-limits/{key}", tag = "dispatch",
@@ -76,18 +105,15 @@ pub async fn set(
             "limit must be 0 to {MAX_CONCURRENCY_LIMIT}"
         )));
     }
-    let table = state.concurrency.clone();
-    let changed_key = key.clone();
-    let in_force = tokio::task::spawn_blocking(move || table.set(&changed_key, request.limit))
-        .await
-        .map_err(|e| ApiError::Internal(format!("the limit's write stopped: {e}")))??;
-    state.scheduler.set_concurrency_limits(in_force).await?;
-    super::tokens::record(
+    let limit = request.limit;
+    let detail = Some(format!("limit {limit}"));
+    change(
         &state,
         &caller,
+        &key,
         "concurrency.set",
-        format!("concurrency limit {key}"),
-        Some(format!("limit {}", request.limit)),
+        detail,
+        move |table, key| table.set(key, limit).map(Some),
     )
     .await?;
     Ok(Json(ConcurrencyLimit {
@@ -106,19 +132,13 @@ pub async fn remove(
     Path(key): Path<String>,
 ) -> Result<Json<LimitsResponse>, ApiError> {
     checked_key(&key)?;
-    let table = state.concurrency.clone();
-    let removed_key = key.clone();
-    let in_force = tokio::task::spawn_blocking(move || table.remove(&removed_key))
-        .await
-        .map_err(|e| ApiError::Internal(format!("the limit's write stopped: {e}")))??
-        .ok_or_else(|| ApiError::ConcurrencyLimitNotFound(key.clone()))?;
-    state.scheduler.set_concurrency_limits(in_force).await?;
-    super::tokens::record(
+    change(
         &state,
         &caller,
+        &key,
         "concurrency.remove",
-        format!("concurrency limit {key}"),
         None,
+        |table, key| table.remove(key),
     )
     .await?;
     Ok(list(Shared(state)).await)
