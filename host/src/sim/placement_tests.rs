@@ -3,22 +3,16 @@
 //! to any worker it fits; a task no GPU can hold is never placed.
 
 use super::Driver;
-use super::tests::{claim, options, submit};
+use super::tests::{a100s, claim, options, submit};
 use crate::engine::EngineOptions;
-use crate::model::{Gpu, Heartbeat, LoadedModel, Priority, State, TaskId};
+use crate::model::{Heartbeat, LoadedModel, Priority, State, TaskId};
 use serde_json::json;
 
 const AFFINITY_WAIT_MS: u64 = 2_000;
 
 fn worker(world: &mut Driver, id: &str, gpus: usize, loaded: &[(&str, u32)]) {
     let heartbeat = Heartbeat {
-        gpus: (0..gpus)
-            .map(|_| Gpu {
-                model: "A100".into(),
-                memory_mb: 40_000,
-                free: true,
-            })
-            .collect(),
+        gpus: a100s(gpus),
         max_concurrency: 2 * gpus as u32,
         loaded_models: loaded
             .iter()

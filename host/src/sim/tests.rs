@@ -30,15 +30,20 @@ pub(super) fn submit(world: &mut Driver, priority: Priority, extra: serde_json::
     world.submit(submission).unwrap().task.id
 }
 
+/// `count` free GPUs of 40,000 MB.
+pub(super) fn a100s(count: usize) -> Vec<Gpu> {
+    (0..count)
+        .map(|_| Gpu {
+            model: "A100".into(),
+            memory_mb: 40_000,
+            free: true,
+        })
+        .collect()
+}
+
 pub(super) fn heartbeat(world: &mut Driver, worker: &str, gpus: usize, max_concurrency: u32) {
     let heartbeat = Heartbeat {
-        gpus: (0..gpus)
-            .map(|_| Gpu {
-                model: "A100".into(),
-                memory_mb: 40_000,
-                free: true,
-            })
-            .collect(),
+        gpus: a100s(gpus),
         max_concurrency,
         ..Heartbeat::default()
     };
