@@ -313,6 +313,9 @@ impl Server {
             tracing::info!("draining: no new submissions or claims; waiting for leased work");
             draining.store(true, Ordering::Release);
             drain.send_replace(true);
+            if let Err(error) = scheduler.drain().await {
+                tracing::warn!(%error, "could not tell the engine it drains; it may still preempt");
+            }
             let leased = || {
                 let snapshot = scheduler.snapshot();
                 let count = |state| snapshot.tasks_by_state.get(&state).copied().unwrap_or(0);

@@ -147,3 +147,56 @@ async fn urgent_tasks_preempt_low_ones_which_complete_later_with_no_attempt_spen
         );
     }
 }
+
+on_each_store!(a_draining_server_preempts_nothing_and_lets_the_low_task_finish);
+
+/// Claims are refused while the server drains, so the urgent task could not take the place a
+/// preemption freed: the low task's attempt runs to its end and the drain waits for it.
+async fn a_draining_server_preempts_nothing_and_lets_the_low_task_finish(store: TestStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!("preemption = true\npreempt_after_ms = {PREEMPT_AFTER_MS}\n"),
+    )
+    .unwrap();
+    let server = store.start_with(
+        dir.path(),
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--lease-ms",
+            "3000",
+            "--drain-timeout-ms",
+            "20000",
+        ],
+    );
+    let worker = Worker::start(&server, "gpu-a", &["--gpus", "1", "--max-concurrency", "1"]);
+    let client = http();
+    // Runs three times `preempt_after_ms` plus a lease heartbeat: long enough to be preempted.
+    let low = submit(
+        &client,
+        &server,
+        "low",
+        3 * PREEMPT_AFTER_MS + LEASE_HEARTBEAT_MS,
+    )
+    .await;
+    wait_for_states(&client, &server, std::slice::from_ref(&low), "running").await;
+    let urgent = submit(&client, &server, "urgent", 200).await;
+    server.send_sigterm();
+    let status = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "exit {status}");
+    drop(worker);
+
+    let server = store.start(dir.path());
+    let done = task(&client, &server, &low).await;
+    assert_eq!(done["state"], "completed", "{done}");
+    assert_eq!(done["attempt"], 1, "{done}");
+    assert!(done["lease"]["revoked_for"].is_null(), "{done}");
+    assert_eq!(done["preemptions"].as_u64().unwrap_or(0), 0, "{done}");
+    let waiting = task(&client, &server, &urgent).await;
+    assert_eq!(waiting["state"], "queued", "{waiting}");
+    assert_eq!(waiting["attempt"], 0, "{waiting}");
+}

@@ -164,6 +164,9 @@ pub struct Engine {
     illegal_transitions: u64,
     /// When the next tick ages the queues.
     next_aging_ms: u64,
+    /// The server is draining: claims are refused, so an attempt stopped now could not be
+    /// replaced by the urgent task it made room for; no more are preempted.
+    draining: bool,
 }
 
 impl Default for Engine {
@@ -193,6 +196,7 @@ impl Engine {
             tasks_by_state: [0; 12],
             illegal_transitions: 0,
             next_aging_ms: 0,
+            draining: false,
         }
     }
 
@@ -244,11 +248,19 @@ impl Engine {
     }
 
     /// Takes the settings that change while it runs (the policy's bucket and tenant weights,
-    /// the concurrency limits) from the engine this one replaces.
+    /// the concurrency limits, draining) from the engine this one replaces.
     pub fn inherit_settings(&mut self, from: &Engine) {
         self.bucket_weights = from.bucket_weights;
         self.tenant_weights = from.tenant_weights.clone();
         self.concurrency_limits = from.concurrency_limits.clone();
+        self.draining = from.draining;
+    }
+
+    /// The server has begun to drain: from now on nothing is preempted. There is no way back;
+    /// a drained server stops.
+    pub fn drain(&mut self) {
+        self.draining = true;
+        self.reserved.clear();
     }
 
     /// The tenants' weights for fair share inside each bucket, as the priority policy last

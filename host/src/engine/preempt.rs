@@ -39,7 +39,7 @@ impl Engine {
     /// begun, its place is reserved): at most one per waiting urgent task, and one per worker
     /// every `preempt_after_ms`. Plan each with `plan_revoke`.
     pub fn preemptions_due(&mut self, now_ms: u64) -> Vec<Preemption> {
-        let Some(after_ms) = self.options.preempt_after_ms else {
+        let Some(after_ms) = self.options.preempt_after_ms.filter(|_| !self.draining) else {
             return Vec::new();
         };
         // A reservation whose urgent task left the queue, or whose worker never claimed it

@@ -326,6 +326,14 @@ impl Scheduler {
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
+    /// Tells the engine the server drains (no attempt is preempted from now on); answered
+    /// once the engine knows.
+    pub async fn drain(&self) -> Result<(), SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.step(Input::Drain, Answer::Done(Some(reply)))?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
     /// Signalled when tasks join a queue. Arm a wait on it before a claim that may come back
     /// empty, so a task queued in between is not missed.
     pub fn work_queued(&self) -> Arc<WorkSignal> {

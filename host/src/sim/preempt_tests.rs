@@ -120,6 +120,24 @@ fn an_urgent_task_takes_the_place_of_the_lowest_attempt_which_waits_again_unspen
 }
 
 #[test]
+fn nothing_is_preempted_once_the_server_drains() {
+    for drains in [false, true] {
+        let mut world = Driver::new(13, preempting());
+        let low = submit(&mut world, Priority::Low, json!({}));
+        heartbeat(&mut world, "a", 1, 1);
+        claim(&mut world, "a", 1);
+        let urgent = submit(&mut world, Priority::Urgent, json!({}));
+        run_for(&mut world, AFTER_MS - 200, &[("a", 1)]);
+        if drains {
+            world.step(crate::engine::Input::Drain);
+        }
+        run_for(&mut world, 3 * AFTER_MS, &[("a", 1)]);
+        let expected = (!drains).then_some(urgent);
+        assert_eq!(revoked_for(&world, low), expected, "draining: {drains}");
+    }
+}
+
+#[test]
 fn nothing_is_preempted_when_off_for_urgent_work_or_for_a_task_marked_not_preemptible() {
     for (options, preemptible, urgent_victim) in [
         (options(), true, false),

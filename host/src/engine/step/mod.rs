@@ -80,6 +80,9 @@ pub enum Input {
     /// The concurrency limits in force from now on (the whole set). Changes only memory: the
     /// set is kept in the catalog by whoever changed it.
     SetConcurrencyLimits(Vec<crate::model::ConcurrencyLimit>),
+    /// The server drains: claims are refused from now on, so no attempt is preempted either
+    /// (it would stop work for an urgent task that cannot start). Changes only memory.
+    Drain,
     /// Retention removed these ended tasks from the store (counts by state code): they leave
     /// the engine's counts. Changes nothing else.
     Forgotten {
@@ -317,6 +320,10 @@ impl Stepper<'_> {
             }
             Input::SetConcurrencyLimits(limits) => {
                 self.engine.set_concurrency_limits(&limits);
+                Reply::Done
+            }
+            Input::Drain => {
+                self.engine.drain();
                 Reply::Done
             }
         }
