@@ -7,7 +7,7 @@
 use super::Command;
 use super::flusher::Delivery;
 use crate::model::{Change, KeyRecord, Task, TaskId};
-use crate::store::{Store, StoreError};
+use crate::store::{PreparedCommit, Store, StoreError};
 use crate::telemetry::TaskMetrics;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -23,6 +23,9 @@ pub(super) const MAX_IN_FLIGHT: usize = 2;
 pub(super) struct Job {
     pub number: u64,
     pub change: Change,
+    /// `change` as the store encoded it ahead, on the writer's thread, while the group before
+    /// it was being committed.
+    pub prepared: Option<PreparedCommit>,
     /// Answered once the commit is written, before a sync covers it.
     pub written: Vec<Delivery>,
     /// Sent to the flusher once committed (the answers, callbacks and signals that wait for
@@ -36,12 +39,12 @@ pub(super) fn commit(
     store: &dyn Store,
     flusher: &SyncSender<Delivery>,
     metrics: &TaskMetrics,
-    job: Job,
+    mut job: Job,
 ) -> Result<(), Refused> {
-    let committed = if job.change.is_empty() {
-        Ok(())
-    } else {
-        store.commit(&job.change)
+    let committed = match job.prepared.take() {
+        _ if job.change.is_empty() => Ok(()),
+        Some(prepared) => store.commit_prepared(&job.change, prepared),
+        None => store.commit(&job.change),
     };
     match committed {
         Ok(()) => {

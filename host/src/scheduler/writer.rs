@@ -603,9 +603,10 @@ impl Writer {
             }
         });
         self.groups_planned += 1;
-        let job = Job {
+        let mut job = Job {
             number: self.groups_planned,
             change: group.change,
+            prepared: None,
             written: group.written,
             after_sync,
         };
@@ -617,6 +618,15 @@ impl Writer {
                 refused.answer();
             }
             return;
+        };
+        // Encoded here, while the committer still sends the group before: one less step on
+        // the committer's thread, which every group passes through one after another.
+        job.prepared = match self.store.prepare_commit(&job.change) {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                tracing::warn!(%error, "cannot encode a group ahead; the committer will");
+                None
+            }
         };
         while pipeline.is_full() {
             // A failure is acted on by `settle` before the next group; this one, planned on

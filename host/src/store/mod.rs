@@ -96,12 +96,41 @@ pub struct ListPage {
     pub next_after: Option<TaskId>,
 }
 
+/// A commit a store across the network has encoded ahead of sending it
+/// (`Store::prepare_commit`), opaque to everyone but that store.
+pub struct PreparedCommit(Box<dyn std::any::Any + Send>);
+
+impl PreparedCommit {
+    pub fn new<T: std::any::Any + Send>(encoded: T) -> Self {
+        PreparedCommit(Box::new(encoded))
+    }
+
+    /// The encoded commit, if it is a `T`.
+    pub fn into_inner<T: std::any::Any>(self) -> Option<T> {
+        self.0.downcast::<T>().ok().map(|encoded| *encoded)
+    }
+}
+
 /// The operations the scheduler needs, named for what they do rather than how a backend does them,
 /// so that another backend (PostgreSQL, for several replicas) can stand behind the same trait.
 pub trait Store: Send + Sync + 'static {
     /// Applies `change` atomically. It is visible to readers at once and durable after the
     /// next `sync`.
     fn commit(&self, change: &Change) -> Result<(), StoreError>;
+    /// Encodes `change` for `commit_prepared`, with no I/O, so that a group can be encoded on
+    /// one thread while another group is on its way to the store. `None`: this store encodes
+    /// as it commits.
+    fn prepare_commit(&self, _change: &Change) -> Result<Option<PreparedCommit>, StoreError> {
+        Ok(None)
+    }
+    /// Commits `change` as `commit` does, sending what `prepare_commit` encoded from it.
+    fn commit_prepared(
+        &self,
+        change: &Change,
+        _prepared: PreparedCommit,
+    ) -> Result<(), StoreError> {
+        self.commit(change)
+    }
     /// Makes every change committed before this call durable on disk.
     fn sync(&self) -> Result<(), StoreError>;
     fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError>;

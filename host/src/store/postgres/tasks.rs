@@ -7,7 +7,7 @@ use super::{PgStore, corrupt, int8, uint8};
 use crate::model::{
     Change, Event, KeyRecord, QueueEntry, Recovery, State, Task, TaskId, WorkerEvent,
 };
-use crate::store::{Compacted, ListPage, ListQuery, Store, StoreError};
+use crate::store::{Compacted, ListPage, ListQuery, PreparedCommit, Store, StoreError};
 use sqlx::Row;
 use std::collections::HashMap;
 
@@ -230,14 +230,18 @@ async fn write(pool: &sqlx::PgPool, epoch: u64, planned: Planned) -> Result<(), 
     }
 }
 
-impl Store for PgStore {
-    fn commit(&self, change: &Change) -> Result<(), StoreError> {
+impl PgStore {
+    /// Commits `change`, from `planned` when it was encoded ahead (`prepare_commit`).
+    fn commit_planned(&self, change: &Change, planned: Option<Planned>) -> Result<(), StoreError> {
         self.refuse_if_failed()?;
         if change.is_empty() {
             return Ok(());
         }
         let epoch = self.epoch()?;
-        let planned = plan(change)?;
+        let planned = match planned {
+            Some(planned) => planned,
+            None => plan(change)?,
+        };
         let pool = self.pool();
         // Durable at the next `sync`, whose own synchronous commit flushes the WAL past this
         // one.
@@ -246,6 +250,20 @@ impl Store for PgStore {
             self.fail(reason.clone());
         }
         committed
+    }
+}
+
+impl Store for PgStore {
+    fn commit(&self, change: &Change) -> Result<(), StoreError> {
+        self.commit_planned(change, None)
+    }
+
+    fn prepare_commit(&self, change: &Change) -> Result<Option<PreparedCommit>, StoreError> {
+        plan(change).map(|planned| Some(PreparedCommit::new(planned)))
+    }
+
+    fn commit_prepared(&self, change: &Change, prepared: PreparedCommit) -> Result<(), StoreError> {
+        self.commit_planned(change, prepared.into_inner::<Planned>())
     }
 
     fn sync(&self) -> Result<(), StoreError> {

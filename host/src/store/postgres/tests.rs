@@ -282,3 +282,66 @@ fn listing_by_state_examines_at_most_its_budget_and_state_changes_are_hot_update
     };
     assert_eq!((updates, hot), (4, 3));
 }
+
+/// Migration 0005: a block large enough to be compressed is compressed with lz4 (pglz on a
+/// server built without it) and reads back whole.
+#[test]
+fn large_event_blocks_are_compressed_with_lz4_and_read_back() {
+    let Some(db) = scratch() else { return };
+    let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    store.lead("only", "127.0.0.1:1").unwrap();
+    let mut engine = Engine::default();
+    let mut change = crate::model::Change::default();
+    for n in 0..60 {
+        change.merge(plan_create(&mut engine, 1_000 + n, &format!("big-{n}")));
+    }
+    store.commit(&change).unwrap();
+    let pool = store.pool();
+    let (method, lz4_built) = store
+        .block(async move {
+            let method: Option<String> =
+                sqlx::query_scalar("SELECT pg_column_compression(events) FROM sluice_event_blocks")
+                    .fetch_one(&pool)
+                    .await?;
+            let lz4_built = sqlx::raw_sql("CREATE TEMP TABLE lz4_probe (b bytea COMPRESSION lz4)")
+                .execute(&pool)
+                .await
+                .is_ok();
+            Ok((method, lz4_built))
+        })
+        .unwrap();
+    let expected = if lz4_built { "lz4" } else { "pglz" };
+    assert_eq!(method.as_deref(), Some(expected), "a compressed block");
+    assert_eq!(store.events_after(0, 1_000).unwrap(), change.events);
+}
+
+/// The committer's path: a group encoded ahead on the writer's thread is written as a plain
+/// commit writes it; anything else handed over as its encoding is planned again.
+#[test]
+fn a_commit_encoded_ahead_writes_what_a_plain_commit_does() {
+    let Some(db) = scratch() else { return };
+    let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    store.lead("only", "127.0.0.1:1").unwrap();
+    let mut engine = Engine::default();
+    let first = plan_create(&mut engine, 1_000, "ahead-1");
+    let prepared = store.prepare_commit(&first).unwrap();
+    store
+        .commit_prepared(&first, prepared.expect("PostgreSQL encodes ahead"))
+        .unwrap();
+    let second = plan_create(&mut engine, 2_000, "ahead-2");
+    store
+        .commit_prepared(&second, crate::store::PreparedCommit::new(7u8))
+        .unwrap();
+    for change in [&first, &second] {
+        for write in &change.writes {
+            assert_eq!(
+                store.task(write.task.id).unwrap().as_ref(),
+                Some(&write.task)
+            );
+        }
+        let (key, record) = change.new_tasks[0].key.clone().unwrap();
+        assert_eq!(store.key(&key).unwrap(), Some(record));
+    }
+    let logged = [first.events.clone(), second.events.clone()].concat();
+    assert_eq!(store.events_after(0, 100).unwrap(), logged);
+}
