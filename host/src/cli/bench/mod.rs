@@ -7,6 +7,7 @@ mod restart;
 mod server_histograms;
 mod sim;
 mod skip_locked;
+mod skip_locked_http;
 mod submit;
 
 #[derive(clap::Subcommand)]
@@ -20,7 +21,7 @@ pub enum BenchCommand {
     /// Cost per decision of each default policy, WASM against native; compile and swap time.
     Policy(policy::PolicyBenchArgs),
     /// The baseline for `e2e --store postgres://...`: a plain SKIP LOCKED table queue on the
-    /// same PostgreSQL server, jobs/s without HTTP or the engine.
+    /// same PostgreSQL server, jobs/s without the engine (and without HTTP unless `--http`).
     SkipLocked(skip_locked::SkipLockedBenchArgs),
     /// The seeded mixed workload on the virtual-time driver: tasks/s of the engine's step alone.
     Sim(sim::SimBenchArgs),

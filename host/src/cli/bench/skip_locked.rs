@@ -1,10 +1,12 @@
 //! `sluice bench skip-locked`: the baseline the PostgreSQL store is measured against — a plain
 //! table queue on the same server, claimed with `SELECT ... FOR UPDATE SKIP LOCKED` as River,
 //! Oban and graphile-worker do, driven in the shape of `bench e2e` (submitters inserting
-//! batches of 100, workers claiming up to `--claim-batch` and completing each batch in one
-//! statement), every step a committed, durable transaction. No HTTP, no engine, no events: what
-//! the database alone gives a queue.
+//! batches of 100, workers claiming up to `--claim-batch` with the jobs' payloads and
+//! completing each batch in one statement), every step a committed, durable transaction. No
+//! engine, no events, and no HTTP unless `--http` puts the same statements behind it
+//! (`skip_locked_http`): what the database alone gives a queue.
 
+use super::skip_locked_http;
 use anyhow::{Context, bail};
 use sluice::store::postgres::{drop_scratch_database, redacted, scratch_database};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -33,6 +35,11 @@ pub struct SkipLockedBenchArgs {
     /// Insert every job first, then start the workers: measures claim → complete alone.
     #[arg(long)]
     prefill: bool,
+    /// Put the queue behind a minimal HTTP server (axum and JSON, in this process, the same
+    /// three statements behind three routes) and drive it over HTTP: what HTTP alone costs the
+    /// plain queue on this machine.
+    #[arg(long)]
+    http: bool,
 }
 
 /// How long a worker that found the queue empty waits before it asks again.
@@ -71,8 +78,9 @@ pub async fn run(args: SkipLockedBenchArgs) -> anyhow::Result<()> {
     let figures = measured?;
     dropped.context("cannot drop the bench's database")?;
     outln!(
-        "plain SKIP LOCKED queue on {}: {} jobs, {} workers claiming up to {} each, {} submitters",
+        "plain SKIP LOCKED queue on {}{}: {} jobs, {} workers claiming up to {} each, {} submitters",
         redacted(&args.store),
+        if args.http { ", behind HTTP" } else { "" },
         args.tasks,
         args.workers,
         args.claim_batch,
@@ -108,14 +116,20 @@ async fn measure(args: &SkipLockedBenchArgs, database: &str) -> anyhow::Result<F
         .await
         .context("cannot connect to the bench's database")?;
     sqlx::raw_sql(SCHEMA).execute(&pool).await?;
+    let (queue, server) = if args.http {
+        let (queue, server) = skip_locked_http::serve(pool.clone()).await?;
+        (queue, Some(server))
+    } else {
+        (Queue::Direct(pool.clone()), None)
+    };
     let done = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     let start_workers = |workers: &mut tokio::task::JoinSet<_>| {
         for _ in 0..args.workers {
-            let (pool, done) = (pool.clone(), done.clone());
+            let (queue, done) = (queue.clone(), done.clone());
             let (total, batch) = (args.tasks, args.claim_batch);
-            workers.spawn(async move { worker(pool, batch, total, done).await });
+            workers.spawn(async move { worker(queue, batch, total, done).await });
         }
     };
     if !args.prefill {
@@ -124,8 +138,8 @@ async fn measure(args: &SkipLockedBenchArgs, database: &str) -> anyhow::Result<F
     let next = Arc::new(AtomicUsize::new(0));
     let mut submitters = tokio::task::JoinSet::new();
     for _ in 0..args.submitters {
-        let (pool, next, total) = (pool.clone(), next.clone(), args.tasks);
-        submitters.spawn(async move { submit(pool, next, total).await });
+        let (queue, next, total) = (queue.clone(), next.clone(), args.tasks);
+        submitters.spawn(async move { submit(queue, next, total).await });
     }
     while let Some(joined) = submitters.join_next().await {
         joined??;
@@ -144,6 +158,9 @@ async fn measure(args: &SkipLockedBenchArgs, database: &str) -> anyhow::Result<F
         empty_claims += empty;
     }
     let elapsed = started.elapsed();
+    if let Some(server) = server {
+        server.abort();
+    }
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM jobs WHERE state <> 2")
         .fetch_one(&pool)
         .await?;
@@ -159,7 +176,120 @@ async fn measure(args: &SkipLockedBenchArgs, database: &str) -> anyhow::Result<F
     })
 }
 
-async fn submit(pool: PgPool, next: Arc<AtomicUsize>, total: usize) -> anyhow::Result<()> {
+/// Where the bench's clients send their statements: the pool, or the HTTP server in front
+/// of it.
+#[derive(Clone)]
+pub(super) enum Queue {
+    Direct(PgPool),
+    Http {
+        client: reqwest::Client,
+        url: String,
+    },
+}
+
+impl Queue {
+    async fn insert(&self, numbers: Vec<i64>) -> anyhow::Result<()> {
+        match self {
+            Queue::Direct(pool) => insert(pool, &numbers).await,
+            Queue::Http { client, url } => {
+                let answer = client
+                    .post(format!("{url}/jobs"))
+                    .json(&numbers)
+                    .send()
+                    .await?;
+                expect_success(answer, "insert").await.map(drop)
+            }
+        }
+    }
+
+    async fn claim(&self, batch: usize) -> anyhow::Result<Vec<Claimed>> {
+        match self {
+            Queue::Direct(pool) => claim(pool, batch).await,
+            Queue::Http { client, url } => {
+                let answer = client
+                    .post(format!("{url}/claim"))
+                    .json(&batch)
+                    .send()
+                    .await?;
+                Ok(expect_success(answer, "claim").await?.json().await?)
+            }
+        }
+    }
+
+    async fn complete(&self, ids: Vec<i64>) -> anyhow::Result<u64> {
+        match self {
+            Queue::Direct(pool) => complete(pool, &ids).await,
+            Queue::Http { client, url } => {
+                let answer = client
+                    .post(format!("{url}/complete"))
+                    .json(&ids)
+                    .send()
+                    .await?;
+                Ok(expect_success(answer, "complete").await?.json().await?)
+            }
+        }
+    }
+}
+
+async fn expect_success(
+    answer: reqwest::Response,
+    what: &str,
+) -> anyhow::Result<reqwest::Response> {
+    let status = answer.status();
+    if status.is_success() {
+        return Ok(answer);
+    }
+    let body = answer.text().await.unwrap_or_default();
+    bail!("the queue's {what} answered {status}: {body}")
+}
+
+/// A claimed job as a worker needs it.
+#[derive(serde::Serialize, serde::Deserialize, sqlx::FromRow)]
+pub(super) struct Claimed {
+    pub id: i64,
+    pub payload: serde_json::Value,
+}
+
+/// Inserts jobs `numbers` in one statement: the same three priorities, keys and payloads as
+/// `bench e2e`'s tasks.
+pub(super) async fn insert(pool: &PgPool, numbers: &[i64]) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO jobs (kind, priority, idempotency_key, payload) \
+         SELECT 'bench.e2e', n % 3, 'e2e-' || n, jsonb_build_object('n', n) \
+         FROM UNNEST($1::int8[]) AS n",
+    )
+    .bind(numbers)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Takes up to `batch` ready jobs, most urgent first, with their payloads.
+pub(super) async fn claim(pool: &PgPool, batch: usize) -> anyhow::Result<Vec<Claimed>> {
+    Ok(sqlx::query_as(
+        "UPDATE jobs SET state = 1, attempts = attempts + 1, \
+         locked_until = now() + interval '30 seconds' \
+         WHERE id IN (SELECT id FROM jobs WHERE state = 0 ORDER BY priority, id \
+         LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING id, payload",
+    )
+    .bind(batch as i64)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Completes the claimed jobs `ids`; how many were still claimed.
+pub(super) async fn complete(pool: &PgPool, ids: &[i64]) -> anyhow::Result<u64> {
+    Ok(sqlx::query(
+        "UPDATE jobs SET state = 2, locked_until = NULL, finished_at = now() \
+         WHERE id = ANY($1) AND state = 1",
+    )
+    .bind(ids)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+async fn submit(queue: Queue, next: Arc<AtomicUsize>, total: usize) -> anyhow::Result<()> {
     loop {
         let first = next.fetch_add(SUBMIT_BATCH, Ordering::Relaxed);
         if first >= total {
@@ -168,51 +298,29 @@ async fn submit(pool: PgPool, next: Arc<AtomicUsize>, total: usize) -> anyhow::R
         let numbers: Vec<i64> = (first..(first + SUBMIT_BATCH).min(total))
             .map(|n| n as i64)
             .collect();
-        // The same three priorities, keys and payloads as `bench e2e`'s tasks.
-        sqlx::query(
-            "INSERT INTO jobs (kind, priority, idempotency_key, payload) \
-             SELECT 'bench.e2e', n % 3, 'e2e-' || n, jsonb_build_object('n', n) \
-             FROM UNNEST($1::int8[]) AS n",
-        )
-        .bind(&numbers)
-        .execute(&pool)
-        .await?;
+        queue.insert(numbers).await?;
     }
 }
 
 /// Claims and completes until `total` jobs are done across all workers; how many claims
 /// brought work, and how many came back empty.
 async fn worker(
-    pool: PgPool,
+    queue: Queue,
     batch: usize,
     total: usize,
     done: Arc<AtomicUsize>,
 ) -> anyhow::Result<(usize, usize)> {
     let (mut full, mut empty) = (0, 0);
     while done.load(Ordering::Relaxed) < total {
-        let claimed: Vec<i64> = sqlx::query_scalar(
-            "UPDATE jobs SET state = 1, attempts = attempts + 1, \
-             locked_until = now() + interval '30 seconds' \
-             WHERE id IN (SELECT id FROM jobs WHERE state = 0 ORDER BY priority, id \
-             LIMIT $1 FOR UPDATE SKIP LOCKED) RETURNING id",
-        )
-        .bind(batch as i64)
-        .fetch_all(&pool)
-        .await?;
+        let claimed = queue.claim(batch).await?;
         if claimed.is_empty() {
             empty += 1;
             tokio::time::sleep(Duration::from_millis(EMPTY_POLL_MS)).await;
             continue;
         }
         full += 1;
-        let completed = sqlx::query(
-            "UPDATE jobs SET state = 2, locked_until = NULL, finished_at = now() \
-             WHERE id = ANY($1) AND state = 1",
-        )
-        .bind(&claimed)
-        .execute(&pool)
-        .await?
-        .rows_affected();
+        let ids: Vec<i64> = claimed.iter().map(|job| job.id).collect();
+        let completed = queue.complete(ids).await?;
         if completed != claimed.len() as u64 {
             bail!(
                 "{} of {} completions found their job taken",
