@@ -155,6 +155,25 @@ impl Drop for Server {
     }
 }
 
+/// The URL of the PostgreSQL server the tests may create databases on (`SLUICE_TEST_POSTGRES`),
+/// or `None` with a line saying the test is skipped. With `SLUICE_REQUIRE_POSTGRES=1` (CI) a
+/// missing one fails the test.
+pub fn postgres_server() -> Option<String> {
+    let url = std::env::var("SLUICE_TEST_POSTGRES")
+        .ok()
+        .filter(|url| !url.is_empty());
+    if url.is_none() {
+        assert!(
+            std::env::var("SLUICE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+            "SLUICE_REQUIRE_POSTGRES=1 but SLUICE_TEST_POSTGRES is not set"
+        );
+        eprintln!(
+            "skipped on PostgreSQL: set SLUICE_TEST_POSTGRES to a postgres:// URL of a server where tests may create databases"
+        );
+    }
+    url
+}
+
 /// The backend a test's servers keep their state in. Tests of the engine's semantics run on
 /// each (`on_each_store!`); the PostgreSQL ones need `SLUICE_TEST_POSTGRES`, a `postgres://`
 /// URL of a server on which the tests may create databases (CI starts one).
@@ -168,19 +187,7 @@ impl TestStore {
     /// A fresh PostgreSQL database, or `None` (with a line saying the test is skipped) when no
     /// server is configured. With `SLUICE_REQUIRE_POSTGRES=1` (CI) a missing one fails.
     pub fn postgres() -> Option<TestStore> {
-        let Some(url) = std::env::var("SLUICE_TEST_POSTGRES")
-            .ok()
-            .filter(|url| !url.is_empty())
-        else {
-            assert!(
-                std::env::var("SLUICE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                "SLUICE_REQUIRE_POSTGRES=1 but SLUICE_TEST_POSTGRES is not set"
-            );
-            eprintln!(
-                "skipped on PostgreSQL: set SLUICE_TEST_POSTGRES to a postgres:// URL of a server where tests may create databases"
-            );
-            return None;
-        };
+        let url = postgres_server()?;
         let database = sluice::store::postgres::scratch_database(&url, "sluice_test")
             .unwrap_or_else(|error| panic!("cannot make a test database on {url}: {error}"));
         Some(TestStore::Postgres(database))

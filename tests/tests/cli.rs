@@ -347,17 +347,7 @@ fn serve_runs_with_transparent_huge_pages_off() {
 /// every job inserted is claimed and completed once (the bench fails otherwise).
 #[test]
 fn the_skip_locked_baseline_completes_every_job_directly_and_over_http() {
-    let Some(url) = std::env::var("SLUICE_TEST_POSTGRES")
-        .ok()
-        .filter(|url| !url.is_empty())
-    else {
-        assert!(
-            std::env::var("SLUICE_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "SLUICE_REQUIRE_POSTGRES=1 but SLUICE_TEST_POSTGRES is not set"
-        );
-        eprintln!("skipped: SLUICE_TEST_POSTGRES is not set");
-        return;
-    };
+    let Some(url) = postgres_server() else { return };
     for http in [false, true] {
         let mut args = vec!["bench", "skip-locked", "--store", &url, "--tasks", "700"];
         if http {
