@@ -1,13 +1,14 @@
 //! Concurrency keys in the engine: which leased tasks hold each key (counted while a task holds
 //! its worker's place), and the limits claims respect.
 
+use crate::model::TaskIdMap;
 use crate::model::{ConcurrencyLimits, TaskId};
 use std::collections::HashMap;
 
 /// The leased tasks that hold a concurrency key, and how many per key.
 #[derive(Debug, Default)]
 pub struct KeyUse {
-    holders: HashMap<TaskId, String>,
+    holders: TaskIdMap<String>,
     running: HashMap<String, u32>,
 }
 

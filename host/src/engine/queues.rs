@@ -10,6 +10,7 @@
 //! behind a flood that came before it nor ahead with credit saved while it had nothing to run.
 
 pub use crate::model::QueueEntry as Waiting;
+use crate::model::TaskIdMap;
 use crate::model::{Priority, TaskId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -99,7 +100,7 @@ impl Tenants {
 pub struct BucketQueues {
     order: [BTreeSet<(u64, TaskId)>; 3],
     tenants: [Tenants; 3],
-    waiting: HashMap<TaskId, Waiting>,
+    waiting: TaskIdMap<Waiting>,
 }
 
 impl BucketQueues {

@@ -3,13 +3,14 @@
 //! earliest such time. The reaper
 //! reads what is due from here, never by scanning tasks.
 
+use crate::model::TaskIdMap;
 use crate::model::{State, Task, TaskId};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 #[derive(Debug, Default)]
 pub struct Timers {
     by_time: BTreeSet<(u64, TaskId)>,
-    at: HashMap<TaskId, u64>,
+    at: TaskIdMap<u64>,
 }
 
 /// The earliest moment something is due for `task` in its state.

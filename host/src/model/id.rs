@@ -94,6 +94,39 @@ impl<'de> Deserialize<'de> for TaskId {
     }
 }
 
+/// The hasher of the maps keyed by task id (`TaskIdMap`, `TaskIdSet`). Ids are made by the
+/// server, never chosen by a client (one can only look an id up), and their low 80 bits are
+/// random or count up within a millisecond, so one multiply spreads them over a table's buckets:
+/// SipHash's keyed defence against chosen keys buys nothing here, and it was a tenth of the
+/// writer's time.
+#[derive(Clone, Copy, Default)]
+pub struct TaskIdHasher(u64);
+
+/// Odd, about 2^64 / φ: a multiply by it maps consecutive inputs far apart.
+const SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
+
+impl std::hash::Hasher for TaskIdHasher {
+    fn write_u128(&mut self, value: u128) {
+        let folded = (value as u64) ^ ((value >> 64) as u64);
+        self.0 = (self.0 ^ folded).wrapping_mul(SPREAD);
+    }
+
+    /// Any other key (not what the maps hold, but still hashed correctly).
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(SPREAD);
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub type TaskIdMap<V> =
+    std::collections::HashMap<TaskId, V, std::hash::BuildHasherDefault<TaskIdHasher>>;
+pub type TaskIdSet = std::collections::HashSet<TaskId, std::hash::BuildHasherDefault<TaskIdHasher>>;
+
 /// Issues strictly increasing ids from the caller's clock and random bits, so a replay with the
 /// same inputs yields the same ids, and a clock that steps back never yields a smaller id.
 #[derive(Debug, Default, Clone)]
@@ -130,6 +163,46 @@ impl IdGenerator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// hashbrown picks a bucket by a hash's low bits and tags entries with its top 7: ids
+    /// counted up within a millisecond fill every bucket once, and random ones spread.
+    #[test]
+    fn task_id_hashes_spread_over_buckets_and_tags() {
+        use std::hash::BuildHasher;
+        let hasher = std::hash::BuildHasherDefault::<TaskIdHasher>::default();
+        let mut ids = IdGenerator::default();
+        let first = ids.next(1_700_000_000_000, 0x1234_5678_9abc_def0_1234);
+        let counted: Vec<TaskId> = std::iter::once(first)
+            .chain((1..4_096).map(|_| ids.next(1_699_999_999_999, 0)))
+            .collect();
+        assert_eq!(counted[4_095].0, first.0 + 4_095, "counted up");
+        let mut chance = 0x2545_f491_4f6c_dd1d_u128;
+        let random: Vec<TaskId> = (0..4_096)
+            .map(|n| {
+                chance = chance.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(1);
+                IdGenerator::default().next(1_700_000_000_000 + n, chance >> 40)
+            })
+            .collect();
+        for (what, ids) in [("counted", &counted), ("random", &random)] {
+            let hashes: Vec<u64> = ids.iter().map(|id| hasher.hash_one(id)).collect();
+            let buckets: std::collections::HashSet<u64> =
+                hashes.iter().map(|h| h & 4_095).collect();
+            let tags: std::collections::HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
+            let least = if what == "counted" { 4_096 } else { 2_400 };
+            assert!(buckets.len() >= least, "{what}: {} buckets", buckets.len());
+            assert!(tags.len() >= 120, "{what}: {} tags", tags.len());
+        }
+        let mut map: TaskIdMap<usize> = TaskIdMap::default();
+        map.extend(
+            counted
+                .iter()
+                .chain(&random)
+                .enumerate()
+                .map(|(n, id)| (*id, n)),
+        );
+        assert_eq!(map.len(), 8_192);
+        assert_eq!(map.get(&random[7]), Some(&4_103));
+    }
 
     #[test]
     fn ids_sort_by_time_and_stay_monotonic_within_a_millisecond() {

@@ -4,6 +4,7 @@
 //! scripts, at a drawn rate, or by crashing), and the figures a comparison needs. Time jumps
 //! from one thing due to the next; nothing sleeps, and the seed fixes every draw.
 
+use crate::model::TaskIdMap;
 pub mod report;
 mod service;
 pub mod svg;
@@ -422,7 +423,7 @@ struct Replay<'a> {
     due: BinaryHeap<Reverse<(u64, u64)>>,
     attempts: HashMap<u64, Attempt>,
     next_attempt: u64,
-    arrival_of: HashMap<TaskId, u32>,
+    arrival_of: TaskIdMap<u32>,
     next_arrival: usize,
     next_tick_ms: u64,
     next_heartbeat_ms: u64,
@@ -478,7 +479,7 @@ impl<'a> Replay<'a> {
             due: BinaryHeap::new(),
             attempts: HashMap::new(),
             next_attempt: 0,
-            arrival_of: HashMap::new(),
+            arrival_of: TaskIdMap::default(),
             next_arrival: 0,
             next_tick_ms: now_ms,
             next_heartbeat_ms: now_ms,

@@ -3,10 +3,11 @@
 //! — so a million-task replay holds neither the event log nor the ended tasks.
 
 use crate::engine::Read;
+use crate::model::TaskIdMap;
 use crate::model::{Change, KeyRecord, Priority, State, Task, TaskId};
 use crate::sim::SimStore;
 use crate::store::StoreError;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// What a replay counted.
 #[derive(Debug, Default)]
@@ -26,9 +27,9 @@ pub struct Tally {
 
 #[derive(Debug, Default)]
 pub struct ReplayStore {
-    live: HashMap<TaskId, Task>,
+    live: TaskIdMap<Task>,
     /// Tasks not claimed yet: when each was created, and its submitted priority.
-    unclaimed: HashMap<TaskId, (u64, Priority)>,
+    unclaimed: TaskIdMap<(u64, Priority)>,
     pub tally: Tally,
 }
 

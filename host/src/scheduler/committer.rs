@@ -6,6 +6,7 @@
 
 use super::Command;
 use super::flusher::Delivery;
+use crate::model::TaskIdMap;
 use crate::model::{Change, KeyRecord, Task, TaskId};
 use crate::store::{PreparedCommit, Store, StoreError};
 use crate::telemetry::TaskMetrics;
@@ -266,7 +267,7 @@ impl Committer {
 /// yet: each task's latest record and each new key, with the group that wrote it.
 #[derive(Default)]
 pub(super) struct InFlight {
-    tasks: HashMap<TaskId, (u64, Task)>,
+    tasks: TaskIdMap<(u64, Task)>,
     keys: HashMap<String, (u64, KeyRecord)>,
     /// The tasks and keys of each group in flight, oldest first.
     groups: VecDeque<(u64, Vec<TaskId>, Vec<String>)>,

@@ -3,15 +3,16 @@
 //! instead of decoding the record from the store. Only the writer writes tasks, and it updates this
 //! cache as it plans, so an entry is never older than the store; a failed commit clears it.
 
+use crate::model::TaskIdMap;
 use crate::model::{Task, TaskId};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// Records kept at most: oldest first out.
 pub(crate) const CAPACITY: usize = 65_536;
 
 #[derive(Default)]
 pub(crate) struct TaskCache {
-    tasks: HashMap<TaskId, Task>,
+    tasks: TaskIdMap<Task>,
     /// Ids in the order they were first cached, for eviction.
     order: VecDeque<TaskId>,
 }

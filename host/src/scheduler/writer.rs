@@ -7,6 +7,7 @@ use super::committer::{self, InFlight, Job, Pipeline};
 use super::flusher::Delivery;
 use super::{Answer, Clock, Command, SchedulerError};
 use crate::engine::{Decide, Engine, Input, Read, Reply, Snapshot, Step, StepError};
+use crate::model::TaskIdMap;
 use crate::model::{Change, KeyRecord, State, Task, TaskId};
 use crate::store::{Store, StoreError};
 use arc_swap::ArcSwap;
@@ -71,7 +72,7 @@ pub(super) struct Group {
     pub(super) change: Change,
     keys: HashMap<String, KeyRecord>,
     /// Where each task's latest write sits in `change.writes`.
-    latest_write: HashMap<TaskId, usize>,
+    latest_write: TaskIdMap<usize>,
     payload_bytes: usize,
     deliveries: Vec<Delivery>,
     /// Answers sent once the group's commit is written, before a sync covers it.

@@ -2,6 +2,7 @@
 //! with each step. What the engine reads through `Read`, and what a run's checks look at.
 
 use crate::engine::Read;
+use crate::model::TaskIdMap;
 use crate::model::{Change, Event, KeyRecord, State, Task, TaskId, WorkerEvent};
 use crate::store::StoreError;
 use std::collections::{BTreeMap, HashMap};
@@ -10,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 pub struct MemoryStore {
     /// In id order, so a walk over the tasks is the same in every run.
     tasks: BTreeMap<TaskId, Task>,
-    payloads: HashMap<TaskId, Vec<u8>>,
+    payloads: TaskIdMap<Vec<u8>>,
     keys: HashMap<String, KeyRecord>,
     events: Vec<Event>,
     worker_events: Vec<WorkerEvent>,

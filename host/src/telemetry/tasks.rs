@@ -2,13 +2,13 @@
 //! waits, execution times, failures, retries, preemptions and deaths.
 
 use super::labels::{LabelBudget, failure_reason};
-use crate::model::{Change, State, Task, TaskId};
+use crate::model::TaskIdMap;
+use crate::model::{Change, State, Task};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::collections::HashMap;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ArrivalLabels {
@@ -166,7 +166,7 @@ impl TaskMetrics {
             return;
         }
         // A task written twice in one change is read as its last write.
-        let tasks: HashMap<TaskId, &Task> = change
+        let tasks: TaskIdMap<&Task> = change
             .writes
             .iter()
             .map(|write| (write.task.id, &write.task))

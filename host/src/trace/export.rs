@@ -3,8 +3,8 @@
 //! truth of when things happened; the task record says what was submitted.
 
 use super::{MAX_FAILURES, MAX_SERVICE_MS, TraceTask};
-use crate::model::{Event, FailureClass, State, Task, TaskId};
-use std::collections::HashMap;
+use crate::model::TaskIdMap;
+use crate::model::{Event, FailureClass, State, Task};
 
 /// What the events say of one task's attempts.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -24,7 +24,7 @@ pub struct Attempts {
 /// Folds events, oldest first, into each task's attempts.
 #[derive(Debug, Default)]
 pub struct EventFold {
-    pub tasks: HashMap<TaskId, Attempts>,
+    pub tasks: TaskIdMap<Attempts>,
 }
 
 impl EventFold {

@@ -6,6 +6,7 @@
 //! writer thread and the virtual-time driver are two shells around this function; neither
 //! decides anything itself.
 
+use crate::model::TaskIdMap;
 mod dispatch;
 mod split;
 
@@ -224,7 +225,7 @@ pub(super) struct Stepper<'a> {
     now_ms: u64,
     change: Change,
     /// Where each task's latest write sits in `change.writes`.
-    latest_write: HashMap<TaskId, usize>,
+    latest_write: TaskIdMap<usize>,
     /// Keys this step created, for a batch that names one key twice.
     keys: HashMap<String, KeyRecord>,
     callbacks: Vec<CallbackJob>,
@@ -251,7 +252,7 @@ impl Engine {
             random,
             now_ms,
             change: Change::default(),
-            latest_write: HashMap::new(),
+            latest_write: TaskIdMap::default(),
             keys: HashMap::new(),
             callbacks: Vec::new(),
         };

@@ -4,6 +4,7 @@
 use super::events::{self, Block};
 use super::leader::check_epoch;
 use super::{PgStore, corrupt, int8, uint8};
+use crate::model::TaskIdMap;
 use crate::model::{
     Change, Event, KeyRecord, QueueEntry, Recovery, State, Task, TaskId, WorkerEvent,
 };
@@ -123,13 +124,13 @@ struct Planned {
 fn plan(change: &Change) -> Result<Planned, StoreError> {
     // One row per task, as the change leaves it.
     let mut order: Vec<TaskId> = Vec::new();
-    let mut latest: HashMap<TaskId, &Task> = HashMap::new();
+    let mut latest: TaskIdMap<&Task> = TaskIdMap::default();
     for write in &change.writes {
         if latest.insert(write.task.id, &write.task).is_none() {
             order.push(write.task.id);
         }
     }
-    let payloads: HashMap<TaskId, &[u8]> = change
+    let payloads: TaskIdMap<&[u8]> = change
         .new_tasks
         .iter()
         .map(|new| (new.id, new.payload_json.as_slice()))

@@ -12,6 +12,7 @@
 //! when that is small. A submission thus writes three keys (task, idempotency key, state index)
 //! and a share of one block: sled's cost is per key.
 
+use crate::model::TaskIdMap;
 mod access;
 mod keys;
 mod listing;
@@ -35,7 +36,7 @@ use crate::model::{
 use crate::store::{ListPage, ListQuery, Store, StoreError};
 use overlay::Overlay;
 use shared::Shared;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -337,7 +338,7 @@ impl Store for SledStore {
         let mut entry = Entry::default();
         // The part of each record that state changes carry over: where the payload lives, and
         // the payload itself when inline.
-        let mut tails: HashMap<TaskId, Vec<u8>> = HashMap::new();
+        let mut tails: TaskIdMap<Vec<u8>> = TaskIdMap::default();
         for new in &change.new_tasks {
             let tail = record::tail_for(&new.payload_json);
             if tail[0] == record::PAYLOAD_SEPARATE {

@@ -10,6 +10,7 @@
 //! newer generation, then the older.
 
 use super::wal::{CallbackMark, Entry, state_bit};
+use crate::model::TaskIdMap;
 use crate::model::{State, TaskId};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -29,9 +30,9 @@ pub struct Pending {
 /// One generation of pending writes.
 #[derive(Debug, Default)]
 pub struct Generation {
-    pub tasks: HashMap<TaskId, Pending>,
+    pub tasks: TaskIdMap<Pending>,
     pub keys: HashMap<String, [u8; 48]>,
-    pub payloads: HashMap<TaskId, Arc<[u8]>>,
+    pub payloads: TaskIdMap<Arc<[u8]>>,
     /// Event log blocks by first `seq`.
     pub blocks: BTreeMap<u64, Arc<[u8]>>,
     /// Worker log entries by `seq`.

@@ -6,9 +6,10 @@ use super::util::{corrupt, lock};
 use super::wal::{self, CallbackMark, PendingWrite};
 use super::wal_file::WalFile;
 use super::{keys, record};
+use crate::model::TaskIdMap;
 use crate::model::{Change, Event, QueueEntry, State, Task, TaskId};
 use crate::store::StoreError;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs::File;
 use std::path::PathBuf;
@@ -161,10 +162,10 @@ impl Shared {
     pub(super) fn pending_writes(
         &self,
         change: &Change,
-        tails: &HashMap<TaskId, Vec<u8>>,
+        tails: &TaskIdMap<Vec<u8>>,
     ) -> Result<Vec<PendingWrite>, StoreError> {
         let mut order: Vec<TaskId> = Vec::new();
-        let mut coalesced: HashMap<TaskId, (Option<State>, u16, &Task)> = HashMap::new();
+        let mut coalesced: TaskIdMap<(Option<State>, u16, &Task)> = TaskIdMap::default();
         for write in &change.writes {
             let task = &write.task;
             coalesced
