@@ -45,22 +45,26 @@ async fn wait_for_states(client: &reqwest::Client, server: &Server, ids: &[Strin
     .await;
 }
 
+/// A server with preemption on after `PREEMPT_AFTER_MS` and leases of 3 s, and `more` flags.
+fn start_preempting(store: &TestStore, dir: &std::path::Path, more: &[&str]) -> Server {
+    let config = dir.join("sluice.toml");
+    std::fs::write(
+        &config,
+        format!("preemption = true\npreempt_after_ms = {PREEMPT_AFTER_MS}\n"),
+    )
+    .unwrap();
+    let mut args = vec!["--config", config.to_str().unwrap(), "--lease-ms", "3000"];
+    args.extend_from_slice(more);
+    store.start_with(dir, &args)
+}
+
 on_each_store!(urgent_tasks_preempt_low_ones_which_complete_later_with_no_attempt_spent);
 
 async fn urgent_tasks_preempt_low_ones_which_complete_later_with_no_attempt_spent(
     store: TestStore,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("sluice.toml");
-    std::fs::write(
-        &config,
-        format!("preemption = true\npreempt_after_ms = {PREEMPT_AFTER_MS}\n"),
-    )
-    .unwrap();
-    let server = store.start_with(
-        dir.path(),
-        &["--config", config.to_str().unwrap(), "--lease-ms", "3000"],
-    );
+    let server = start_preempting(&store, dir.path(), &[]);
     let workers: Vec<Worker> = ["gpu-a", "gpu-b"]
         .iter()
         .map(|id| Worker::start(&server, id, &["--gpus", "1", "--max-concurrency", "1"]))
@@ -154,23 +158,7 @@ on_each_store!(a_draining_server_preempts_nothing_and_lets_the_low_task_finish);
 /// preemption freed: the low task's attempt runs to its end and the drain waits for it.
 async fn a_draining_server_preempts_nothing_and_lets_the_low_task_finish(store: TestStore) {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("sluice.toml");
-    std::fs::write(
-        &config,
-        format!("preemption = true\npreempt_after_ms = {PREEMPT_AFTER_MS}\n"),
-    )
-    .unwrap();
-    let server = store.start_with(
-        dir.path(),
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--lease-ms",
-            "3000",
-            "--drain-timeout-ms",
-            "20000",
-        ],
-    );
+    let server = start_preempting(&store, dir.path(), &["--drain-timeout-ms", "20000"]);
     let worker = Worker::start(&server, "gpu-a", &["--gpus", "1", "--max-concurrency", "1"]);
     let client = http();
     // Runs three times `preempt_after_ms` plus a lease heartbeat: long enough to be preempted.

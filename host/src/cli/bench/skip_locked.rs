@@ -191,14 +191,7 @@ impl Queue {
     async fn insert(&self, numbers: Vec<i64>) -> anyhow::Result<()> {
         match self {
             Queue::Direct(pool) => insert(pool, &numbers).await,
-            Queue::Http { client, url } => {
-                let answer = client
-                    .post(format!("{url}/jobs"))
-                    .json(&numbers)
-                    .send()
-                    .await?;
-                expect_success(answer, "insert").await.map(drop)
-            }
+            Queue::Http { client, url } => post(client, url, "jobs", &numbers).await.map(drop),
         }
     }
 
@@ -206,12 +199,7 @@ impl Queue {
         match self {
             Queue::Direct(pool) => claim(pool, batch).await,
             Queue::Http { client, url } => {
-                let answer = client
-                    .post(format!("{url}/claim"))
-                    .json(&batch)
-                    .send()
-                    .await?;
-                Ok(expect_success(answer, "claim").await?.json().await?)
+                Ok(post(client, url, "claim", &batch).await?.json().await?)
             }
         }
     }
@@ -220,27 +208,30 @@ impl Queue {
         match self {
             Queue::Direct(pool) => complete(pool, &ids).await,
             Queue::Http { client, url } => {
-                let answer = client
-                    .post(format!("{url}/complete"))
-                    .json(&ids)
-                    .send()
-                    .await?;
-                Ok(expect_success(answer, "complete").await?.json().await?)
+                Ok(post(client, url, "complete", &ids).await?.json().await?)
             }
         }
     }
 }
 
-async fn expect_success(
-    answer: reqwest::Response,
-    what: &str,
+/// Posts `body` as JSON to the queue's `route`: the answer, once it is a success.
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    route: &str,
+    body: &impl serde::Serialize,
 ) -> anyhow::Result<reqwest::Response> {
+    let answer = client
+        .post(format!("{url}/{route}"))
+        .json(body)
+        .send()
+        .await?;
     let status = answer.status();
     if status.is_success() {
         return Ok(answer);
     }
-    let body = answer.text().await.unwrap_or_default();
-    bail!("the queue's {what} answered {status}: {body}")
+    let text = answer.text().await.unwrap_or_default();
+    bail!("the queue's /{route} answered {status}: {text}")
 }
 
 /// A claimed job as a worker needs it.

@@ -30,6 +30,14 @@ fn scratch() -> Option<Scratch> {
     }
 }
 
+/// A store on a fresh database that leads it; the database goes with the `Scratch`.
+fn leading_store() -> Option<(Scratch, PgStore)> {
+    let db = scratch()?;
+    let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    store.lead("only", "127.0.0.1:1").unwrap();
+    Some((db, store))
+}
+
 fn submission(key: &str) -> Submission {
     let spec: TaskSpec = serde_json::from_value(serde_json::json!({
         "kind": "oct.scan", "device": "s1", "key": key, "payload": {"eye": "left"}
@@ -120,9 +128,9 @@ fn a_clean_stop_hands_the_lease_over_at_once() {
 
 #[test]
 fn a_duplicate_idempotency_key_fails_the_whole_commit() {
-    let Some(db) = scratch() else { return };
-    let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
-    store.lead("only", "127.0.0.1:1").unwrap();
+    let Some((_db, store)) = leading_store() else {
+        return;
+    };
     let first = plan_create(&mut Engine::default(), 1_000, "same");
     store.commit(&first).unwrap();
     // An engine that numbers on from the store but does not check keys: the database's
@@ -144,9 +152,9 @@ fn a_duplicate_idempotency_key_fails_the_whole_commit() {
 
 #[test]
 fn the_event_log_reads_back_from_its_blocks_one_event_or_a_run_at_a_time() {
-    let Some(db) = scratch() else { return };
-    let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
-    store.lead("only", "127.0.0.1:1").unwrap();
+    let Some((_db, store)) = leading_store() else {
+        return;
+    };
     let mut engine = Engine::default();
     // Groups of one to three tasks, so blocks of different lengths.
     let mut logged = Vec::new();
@@ -195,9 +203,9 @@ fn the_event_log_reads_back_from_its_blocks_one_event_or_a_run_at_a_time() {
 
 #[test]
 fn listing_by_state_examines_at_most_its_budget_and_state_changes_are_hot_updates() {
-    let Some(db) = scratch() else { return };
-    let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
-    store.lead("one", "127.0.0.1:1").unwrap();
+    let Some((_db, store)) = leading_store() else {
+        return;
+    };
     let mut engine = Engine::default();
     let mut ids = Vec::new();
     for n in 0..10u64 {
@@ -287,9 +295,9 @@ fn listing_by_state_examines_at_most_its_budget_and_state_changes_are_hot_update
 /// server built without it) and reads back whole.
 #[test]
 fn large_event_blocks_are_compressed_with_lz4_and_read_back() {
-    let Some(db) = scratch() else { return };
-    let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
-    store.lead("only", "127.0.0.1:1").unwrap();
+    let Some((_db, store)) = leading_store() else {
+        return;
+    };
     let mut engine = Engine::default();
     let mut change = crate::model::Change::default();
     for n in 0..60 {
@@ -319,9 +327,9 @@ fn large_event_blocks_are_compressed_with_lz4_and_read_back() {
 /// commit writes it; anything else handed over as its encoding is planned again.
 #[test]
 fn a_commit_encoded_ahead_writes_what_a_plain_commit_does() {
-    let Some(db) = scratch() else { return };
-    let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
-    store.lead("only", "127.0.0.1:1").unwrap();
+    let Some((_db, store)) = leading_store() else {
+        return;
+    };
     let mut engine = Engine::default();
     let first = plan_create(&mut engine, 1_000, "ahead-1");
     let prepared = store.prepare_commit(&first).unwrap();
