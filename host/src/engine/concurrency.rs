@@ -1,8 +1,7 @@
 //! Concurrency keys in the engine: which leased tasks hold each key (counted while a task holds
 //! its worker's place), and the limits claims respect.
 
-use crate::model::TaskIdMap;
-use crate::model::{ConcurrencyLimits, TaskId};
+use crate::model::{ConcurrencyLimits, TaskId, TaskIdMap};
 use std::collections::HashMap;
 
 /// The leased tasks that hold a concurrency key, and how many per key.

@@ -10,8 +10,7 @@
 //! behind a flood that came before it nor ahead with credit saved while it had nothing to run.
 
 pub use crate::model::QueueEntry as Waiting;
-use crate::model::TaskIdMap;
-use crate::model::{Priority, TaskId};
+use crate::model::{Priority, TaskId, TaskIdMap};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A tenant's pass moves on by this over its weight at each claim: divisible by every weight

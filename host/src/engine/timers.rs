@@ -3,8 +3,7 @@
 //! earliest such time. The reaper
 //! reads what is due from here, never by scanning tasks.
 
-use crate::model::TaskIdMap;
-use crate::model::{State, Task, TaskId};
+use crate::model::{State, Task, TaskId, TaskIdMap};
 use std::collections::BTreeSet;
 
 #[derive(Debug, Default)]

@@ -4,7 +4,6 @@
 //! scripts, at a drawn rate, or by crashing), and the figures a comparison needs. Time jumps
 //! from one thing due to the next; nothing sleeps, and the seed fixes every draw.
 
-use crate::model::TaskIdMap;
 pub mod report;
 mod service;
 pub mod svg;
@@ -17,7 +16,7 @@ pub use variant::{PolicyChoice, Variant};
 
 use crate::engine::{EngineOptions, Input, Report};
 use crate::model::{
-    FailureClass, Gpu, Heartbeat, Limits, Priority, Resources, State, TaskId, TaskSpec,
+    FailureClass, Gpu, Heartbeat, Limits, Priority, Resources, State, TaskId, TaskIdMap, TaskSpec,
 };
 use crate::sim::{Driver, START_MS};
 use crate::trace::{TraceError, TraceReader, TraceTask};

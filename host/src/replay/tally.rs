@@ -3,8 +3,7 @@
 //! — so a million-task replay holds neither the event log nor the ended tasks.
 
 use crate::engine::Read;
-use crate::model::TaskIdMap;
-use crate::model::{Change, KeyRecord, Priority, State, Task, TaskId};
+use crate::model::{Change, KeyRecord, Priority, State, Task, TaskId, TaskIdMap};
 use crate::sim::SimStore;
 use crate::store::StoreError;
 use std::collections::BTreeMap;

@@ -6,8 +6,7 @@
 
 use super::Command;
 use super::flusher::Delivery;
-use crate::model::TaskIdMap;
-use crate::model::{Change, KeyRecord, Task, TaskId};
+use crate::model::{Change, KeyRecord, Task, TaskId, TaskIdMap};
 use crate::store::{PreparedCommit, Store, StoreError};
 use crate::telemetry::TaskMetrics;
 use std::collections::{HashMap, VecDeque};

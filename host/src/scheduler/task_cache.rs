@@ -3,8 +3,7 @@
 //! instead of decoding the record from the store. Only the writer writes tasks, and it updates this
 //! cache as it plans, so an entry is never older than the store; a failed commit clears it.
 
-use crate::model::TaskIdMap;
-use crate::model::{Task, TaskId};
+use crate::model::{Task, TaskId, TaskIdMap};
 use std::collections::VecDeque;
 
 /// Records kept at most: oldest first out.

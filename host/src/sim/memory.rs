@@ -2,8 +2,7 @@
 //! with each step. What the engine reads through `Read`, and what a run's checks look at.
 
 use crate::engine::Read;
-use crate::model::TaskIdMap;
-use crate::model::{Change, Event, KeyRecord, State, Task, TaskId, WorkerEvent};
+use crate::model::{Change, Event, KeyRecord, State, Task, TaskId, TaskIdMap, WorkerEvent};
 use crate::store::StoreError;
 use std::collections::{BTreeMap, HashMap};
 

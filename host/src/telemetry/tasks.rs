@@ -2,8 +2,7 @@
 //! waits, execution times, failures, retries, preemptions and deaths.
 
 use super::labels::{LabelBudget, failure_reason};
-use crate::model::TaskIdMap;
-use crate::model::{Change, State, Task};
+use crate::model::{Change, State, Task, TaskIdMap};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -3,8 +3,7 @@
 //! truth of when things happened; the task record says what was submitted.
 
 use super::{MAX_FAILURES, MAX_SERVICE_MS, TraceTask};
-use crate::model::TaskIdMap;
-use crate::model::{Event, FailureClass, State, Task};
+use crate::model::{Event, FailureClass, State, Task, TaskIdMap};
 
 /// What the events say of one task's attempts.
 #[derive(Clone, Debug, Default, PartialEq)]

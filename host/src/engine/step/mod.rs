@@ -6,7 +6,6 @@
 //! writer thread and the virtual-time driver are two shells around this function; neither
 //! decides anything itself.
 
-use crate::model::TaskIdMap;
 mod dispatch;
 mod split;
 
@@ -16,7 +15,7 @@ use super::{
 };
 use crate::model::{
     Actor, Admission, Change, Heartbeat, IllegalTransition, KeyRecord, State, Submission, Task,
-    TaskId, TaskSpec, ValidationError,
+    TaskId, TaskIdMap, TaskSpec, ValidationError,
 };
 use crate::store::StoreError;
 use rand::{Rng, RngCore};

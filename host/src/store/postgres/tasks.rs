@@ -4,9 +4,8 @@
 use super::events::{self, Block};
 use super::leader::check_epoch;
 use super::{PgStore, corrupt, int8, uint8};
-use crate::model::TaskIdMap;
 use crate::model::{
-    Change, Event, KeyRecord, QueueEntry, Recovery, State, Task, TaskId, WorkerEvent,
+    Change, Event, KeyRecord, QueueEntry, Recovery, State, Task, TaskId, TaskIdMap, WorkerEvent,
 };
 use crate::store::{Compacted, ListPage, ListQuery, PreparedCommit, Store, StoreError};
 use sqlx::Row;

@@ -12,7 +12,6 @@
 //! when that is small. A submission thus writes three keys (task, idempotency key, state index)
 //! and a share of one block: sled's cost is per key.
 
-use crate::model::TaskIdMap;
 mod access;
 mod keys;
 mod listing;
@@ -31,7 +30,7 @@ mod wal_file;
 pub use access::MAX_AUDIT_EVENTS;
 
 use crate::model::{
-    Change, Event, KeyRecord, QueueEntry, Recovery, State, Task, TaskId, WorkerEvent,
+    Change, Event, KeyRecord, QueueEntry, Recovery, State, Task, TaskId, TaskIdMap, WorkerEvent,
 };
 use crate::store::{ListPage, ListQuery, Store, StoreError};
 use overlay::Overlay;

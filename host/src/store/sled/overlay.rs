@@ -10,8 +10,7 @@
 //! newer generation, then the older.
 
 use super::wal::{CallbackMark, Entry, state_bit};
-use crate::model::TaskIdMap;
-use crate::model::{State, TaskId};
+use crate::model::{State, TaskId, TaskIdMap};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
