@@ -54,6 +54,14 @@ pub struct SimArgs {
     /// free stops the lowest bucket's attempt (see docs/dispatch.md) [default: off]
     #[arg(long)]
     preempt_after_ms: Option<u64>,
+    /// What loading its model adds to an attempt of a task naming one (the trace's `model`)
+    /// on a GPU that last ran another; each GPU holds the model it ran last.
+    #[arg(long, default_value_t = 0)]
+    model_load_ms: u64,
+    /// How long a task naming a model waits for a GPU with it loaded before it goes to one
+    /// that must load it (the server's `affinity_wait_ms`).
+    #[arg(long, default_value_t = sluice::engine::EngineOptions::default().affinity_wait_ms)]
+    affinity_wait_ms: u64,
     /// Refuse a trace of more tasks (a million take about 60 MB per run).
     #[arg(long, default_value_t = 5_000_000)]
     max_tasks: usize,
@@ -65,6 +73,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         .is_some_and(|ms| !(100..=86_400_000).contains(&ms))
     {
         anyhow::bail!("--preempt-after-ms must be 100 to 86400000");
+    }
+    if args.model_load_ms > 3_600_000 || args.affinity_wait_ms > 86_400_000 {
+        anyhow::bail!("--model-load-ms is at most 3600000 and --affinity-wait-ms 86400000");
     }
     if args.fail_per_mille > 1_000 {
         anyhow::bail!("--fail-per-mille is at most 1000");
@@ -94,8 +105,10 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         mean_ms_between_crashes: args.mean_ms_between_crashes,
         restart_ms: args.restart_ms,
         max_attempts: args.max_attempts,
+        model_load_ms: args.model_load_ms,
         engine: sluice::engine::EngineOptions {
             preempt_after_ms: args.preempt_after_ms,
+            affinity_wait_ms: args.affinity_wait_ms,
             ..sluice::engine::EngineOptions::default()
         },
         ..ReplayOptions::default()

@@ -6,6 +6,7 @@
 
 pub mod report;
 mod service;
+mod sim_worker;
 pub mod svg;
 mod tally;
 pub mod variant;
@@ -22,6 +23,7 @@ use crate::sim::{Driver, START_MS};
 use crate::trace::{TraceError, TraceReader, TraceTask};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use sim_worker::SimWorker;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::io::BufRead;
@@ -143,6 +145,9 @@ pub struct ReplayOptions {
     pub restart_ms: u64,
     /// Each task's `max_attempts`.
     pub max_attempts: u32,
+    /// What an attempt of a task naming a model takes on top of its service time when its
+    /// GPU holds another model (or none): the load. Each GPU holds the last model it ran.
+    pub model_load_ms: u64,
     /// How often the engine ticks while tasks are live (the server's writer ticks as often).
     pub tick_ms: u64,
     pub heartbeat_ms: u64,
@@ -174,6 +179,7 @@ impl Default for ReplayOptions {
             mean_ms_between_crashes: None,
             restart_ms: 60_000,
             max_attempts: 3,
+            model_load_ms: 0,
             tick_ms: 100,
             heartbeat_ms: 5_000,
             engine: EngineOptions::default(),
@@ -195,9 +201,14 @@ struct Arrival {
     kind: u32,
     tenant: u32,
     device: u32,
+    /// The model's name code, `NO_MODEL` when it names none.
+    model: u32,
     priority: Priority,
     failures: Box<[FailureClass]>,
 }
+
+/// An arrival's model code when it names none.
+const NO_MODEL: u32 = u32::MAX;
 
 /// A trace loaded for replay, shared by every variant's run.
 #[derive(Debug, Default)]
@@ -267,7 +278,8 @@ impl Trace {
             callback_url: None,
             resources: Resources {
                 gpu_memory_mb: arrival.gpu_memory_mb,
-                model: None,
+                model: (arrival.model != NO_MODEL)
+                    .then(|| self.names[arrival.model as usize].clone()),
             },
             concurrency_key: None,
             preemptible: true,
@@ -301,6 +313,7 @@ impl TraceBuilder {
             kind: self.code(task.kind),
             tenant: self.code(task.tenant),
             device: self.code(task.device),
+            model: task.model.map_or(NO_MODEL, |model| self.code(model)),
             priority: task.priority,
             failures: task.failures.into_boxed_slice(),
         };
@@ -336,6 +349,8 @@ pub struct RunOutcome {
     /// Tasks still live when the run ended.
     pub unfinished: u64,
     pub crashes: u64,
+    /// Attempts that had to load their model first.
+    pub model_loads: u64,
     /// Whether every task ended.
     pub drained: bool,
     /// Queued tasks per bucket (urgent, normal, low), every `depth_interval_ms`.
@@ -355,17 +370,6 @@ struct Attempt {
     attempt: u32,
     started_ms: u64,
     ends_ms: u64,
-}
-
-/// A simulated worker.
-struct SimWorker {
-    name: String,
-    heartbeat: Heartbeat,
-    slots: usize,
-    busy: usize,
-    up: bool,
-    /// Bumped by each crash: the attempts of an earlier epoch were abandoned.
-    epoch: u32,
 }
 
 /// Replays `trace` with `variant`'s policies; `scratch` holds its throwaway registry.
@@ -430,6 +434,7 @@ struct Replay<'a> {
     claim_cursor: usize,
     busy_slot_ms: u64,
     crashes: u64,
+    model_loads: u64,
     next_depth_ms: u64,
     depth_interval_ms: u64,
     depth: [Vec<u32>; 3],
@@ -462,6 +467,7 @@ impl<'a> Replay<'a> {
                     busy: 0,
                     up: true,
                     epoch: 0,
+                    loaded: vec![(NO_MODEL, 0); group.gpus as usize],
                 });
             }
         }
@@ -486,6 +492,7 @@ impl<'a> Replay<'a> {
             claim_cursor: 0,
             busy_slot_ms: 0,
             crashes: 0,
+            model_loads: 0,
             next_depth_ms: now_ms,
             depth_interval_ms: options.depth_interval_ms.max(1),
             depth: Default::default(),
@@ -782,6 +789,7 @@ impl<'a> Replay<'a> {
             .copied()
             .collect();
         self.claim_cursor = (self.claim_cursor + 1) % self.workers.len().max(1);
+        let mut loaded_changed = false;
         for worker in order {
             if self.driver.engine().queues().is_empty() {
                 break;
@@ -796,7 +804,18 @@ impl<'a> Replay<'a> {
                 let Some(&arrival) = self.arrival_of.get(&task.id) else {
                     continue;
                 };
-                let service_ms = self.trace.arrivals[arrival as usize].service_ms;
+                let of = &self.trace.arrivals[arrival as usize];
+                let mut service_ms = of.service_ms;
+                let gpu = lease.gpu.unwrap_or(0) as usize;
+                if of.model != NO_MODEL
+                    && self.workers[worker].load(gpu, of.model, &self.trace.names, of.gpu_memory_mb)
+                {
+                    // Loading takes its time on the attempt; the engine hears of the model
+                    // at once, as a live worker's `LoadedModels` heartbeats on a change.
+                    service_ms += self.options.model_load_ms;
+                    self.model_loads += 1;
+                    loaded_changed = true;
+                }
                 let n = self.next_attempt;
                 self.next_attempt += 1;
                 let ends_ms = now_ms + service_ms;
@@ -822,6 +841,9 @@ impl<'a> Replay<'a> {
             if self.workers[worker].busy >= self.workers[worker].slots {
                 self.free.remove(&worker);
             }
+            if std::mem::take(&mut loaded_changed) {
+                self.heartbeat(worker);
+            }
         }
     }
 
@@ -844,6 +866,7 @@ impl<'a> Replay<'a> {
             stranded,
             unfinished,
             crashes: self.crashes,
+            model_loads: self.model_loads,
             drained: self.drained,
             depth_interval_ms: self.depth_interval_ms,
             depth: self.depth,

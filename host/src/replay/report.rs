@@ -81,6 +81,8 @@ pub struct VariantReport {
     pub stranded: u64,
     pub unfinished: u64,
     pub crashes: u64,
+    /// Attempts that loaded their model first (tasks naming a model, `--model-load-ms`).
+    pub model_loads: u64,
     pub drained: bool,
     /// Per submitted priority.
     pub wait_ms: BTreeMap<Priority, WaitFigures>,
@@ -123,6 +125,7 @@ impl VariantReport {
             stranded: outcome.stranded,
             unfinished: outcome.unfinished,
             crashes: outcome.crashes,
+            model_loads: outcome.model_loads,
             drained: outcome.drained,
             wait_ms,
             policy_faults: outcome
@@ -245,11 +248,15 @@ impl SimReport {
             );
             let _ = writeln!(
                 out,
-                "  throughput {:.1}/s, utilisation {:.1} %, makespan {}, crashes {}{}{}",
+                "  throughput {:.1}/s, utilisation {:.1} %, makespan {}, crashes {}{}{}{}",
                 variant.throughput_per_s,
                 variant.utilisation * 100.0,
                 duration(variant.makespan_ms),
                 variant.crashes,
+                match variant.model_loads {
+                    0 => String::new(),
+                    n => format!(", {n} model loads"),
+                },
                 match variant.stranded {
                     0 => String::new(),
                     n => format!(", {n} never placed (no worker fits them)"),

@@ -361,3 +361,60 @@ fn preemption_in_a_simulation_starts_urgent_work_sooner_and_loses_nothing() {
     assert!(preempted.attempts_per_task > 1.0);
     assert_eq!(preempted.dead, 0);
 }
+
+/// Two models on two one-GPU workers: waiting for the warm GPU (`affinity_wait_ms`) loads each
+/// model about once, taking whichever GPU is free loads on most attempts, and a load lengthens
+/// the attempt by `model_load_ms`.
+#[test]
+fn warm_model_placement_in_a_simulation_saves_loads() {
+    const LOAD_MS: u64 = 2_000;
+    let tasks: Vec<TraceTask> = (0..100u64)
+        .map(|n| {
+            let mut task = TraceTask::at(n * 400, 300);
+            // A load counts against the attempt's timeout, as it does live.
+            task.est_exec_ms = Some(3_000);
+            task.model = Some(if n % 2 == 0 { "seg-a" } else { "seg-b" }.into());
+            task
+        })
+        .collect();
+    let trace = Trace::from_tasks(tasks).unwrap();
+    let run_with = |affinity_wait_ms| {
+        let options = ReplayOptions {
+            model_load_ms: LOAD_MS,
+            engine: EngineOptions {
+                affinity_wait_ms,
+                ..EngineOptions::default()
+            },
+            ..options("2x1")
+        };
+        run(&trace, &defaults(), &options).unwrap()
+    };
+    let warm = run_with(10_000);
+    let anywhere = run_with(0);
+    for outcome in [&warm, &anywhere] {
+        assert!(outcome.drained);
+        assert_eq!(outcome.tally.ended.get(&State::Completed), Some(&100));
+        // Busy time is the service time plus a load for each load.
+        assert_eq!(
+            outcome.busy_slot_ms,
+            100 * 300 + outcome.model_loads * LOAD_MS
+        );
+    }
+    assert!(
+        warm.model_loads <= 4,
+        "each GPU keeps its model: {} loads",
+        warm.model_loads
+    );
+    assert!(
+        anywhere.model_loads >= 20,
+        "without waiting, models move between GPUs: {} loads",
+        anywhere.model_loads
+    );
+    // A trace without models loads nothing, whatever the load time.
+    let plain = Trace::from_tasks((0..10).map(|n| TraceTask::at(n * 400, 300))).unwrap();
+    let options = ReplayOptions {
+        model_load_ms: LOAD_MS,
+        ..options("2x1")
+    };
+    assert_eq!(run(&plain, &defaults(), &options).unwrap().model_loads, 0);
+}

@@ -109,6 +109,7 @@ pub fn export(tasks: Vec<Task>, fold: &EventFold) -> (Vec<TraceTask>, Skipped) {
         row.device = task.device;
         row.est_exec_ms = Some(task.est_exec_ms);
         row.gpu_memory_mb = task.resources.gpu_memory_mb;
+        row.model = task.resources.model;
         row.failures = attempts.failures.clone();
         rows.push((created_ms, task.id, row));
     }

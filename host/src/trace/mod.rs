@@ -45,6 +45,10 @@ pub struct TraceTask {
     /// GPU memory the task needs, in MB (0: any).
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub gpu_memory_mb: u64,
+    /// The model it runs (`resources.model`): a simulated worker loads it onto the GPU the
+    /// attempt runs on, paying `--model-load-ms` when that GPU held another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// How its first attempts fail, in order; the attempt after the last one listed succeeds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<FailureClass>,
@@ -79,6 +83,7 @@ impl TraceTask {
             service_ms,
             gpus: 0,
             gpu_memory_mb: 0,
+            model: None,
             failures: Vec::new(),
         }
     }
@@ -96,6 +101,13 @@ impl TraceTask {
                 "{} failures scripted; at most {MAX_FAILURES}",
                 self.failures.len()
             ));
+        }
+        if let Some(Err(error)) = self
+            .model
+            .as_deref()
+            .map(|model| crate::model::check_name("model", model))
+        {
+            return Some(error.to_string());
         }
         if self.failures.contains(&FailureClass::LeaseExpired) {
             return Some("lease-expired is the scheduler's to set, not a trace's".into());

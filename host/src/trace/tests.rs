@@ -27,7 +27,7 @@ fn a_written_trace_reads_back_the_same_and_defaults_fill_what_a_line_leaves_out(
 
 #[test]
 fn bad_lines_are_refused_with_their_line_number() {
-    let cases: [(&[u8], &str); 6] = [
+    let cases: [(&[u8], &str); 7] = [
         (b"{\"submit_ms\": 5}", "service_ms"),
         (
             b"{\"submit_ms\": 5, \"service_ms\": 1, \"gpu\": 2}",
@@ -48,6 +48,10 @@ fn bad_lines_are_refused_with_their_line_number() {
         (
             b"{\"submit_ms\": 0, \"service_ms\": 1, \"kind\": \"\"}",
             "1 to 128",
+        ),
+        (
+            b"{\"submit_ms\": 0, \"service_ms\": 1, \"model\": \"seg a\"}",
+            "field `model`",
         ),
     ];
     for (input, expected) in cases {
@@ -220,7 +224,7 @@ fn an_export_holds_each_ended_tasks_submission_service_time_and_failed_attempts(
         .submit(submission(serde_json::json!({
             "kind": "oct.scan", "priority": "urgent", "tenant": "site-1",
             "device": "scanner-1", "est_exec_ms": 500,
-            "resources": {"gpu_memory_mb": 0},
+            "resources": {"gpu_memory_mb": 0, "model": "seg-v3"},
         })))
         .unwrap()
         .task
@@ -288,6 +292,7 @@ fn an_export_holds_each_ended_tasks_submission_service_time_and_failed_attempts(
     expected_urgent.tenant = "site-1".into();
     expected_urgent.device = "scanner-1".into();
     expected_urgent.est_exec_ms = Some(500);
+    expected_urgent.model = Some("seg-v3".into());
     let mut expected_low = TraceTask::at(100, 400);
     expected_low.priority = Priority::Low;
     expected_low.tenant = "site-2".into();
