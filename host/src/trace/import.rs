@@ -33,15 +33,15 @@ pub enum TimeUnit {
 /// Which CSV column holds each trace field: `submit=COL,service=COL` at least (or `end=COL`
 /// instead of `service`: service runs from submit to end), and optionally `priority=COL:MAP`
 /// (MAP is `value=bucket` pairs joined by `/`, e.g. `0=low/1=normal/2=urgent`), `kind`,
-/// `tenant`, `device`, `est`, `gpus`, `gpu_memory_mb`.
+/// `tenant`, `device`, `est`, `gpus`, `gpu_memory_mb`, `model`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Columns {
     fields: BTreeMap<String, String>,
     priorities: BTreeMap<String, Priority>,
 }
 
-const FIELDS: [&str; 9] = [
-    "submit", "service", "end", "priority", "kind", "tenant", "device", "est", "gpus",
+const FIELDS: [&str; 10] = [
+    "submit", "service", "end", "priority", "kind", "tenant", "device", "est", "gpus", "model",
 ];
 const GPU_MEMORY: &str = "gpu_memory_mb";
 
@@ -195,6 +195,10 @@ pub fn import(
         };
         task.gpus = u32::try_from(count("gpus")?).unwrap_or(u32::MAX);
         task.gpu_memory_mb = count(GPU_MEMORY)?;
+        if let Some(model) = cell("model").filter(|model| !model.is_empty()) {
+            crate::model::check_name("model", model).map_err(|e| problem(e.to_string()))?;
+            task.model = Some(model.to_owned());
+        }
         rows.push((submit, task));
     }
     // Relative to the first submission, and in its order (stable for equal times).

@@ -204,6 +204,23 @@ fn a_bad_mapping_or_row_is_refused_with_what_is_wrong() {
     assert!(error.to_string().starts_with("row 2: "), "{error}");
     let error = import(CSV.as_bytes(), &columns(), TimeUnit::Seconds, 2).unwrap_err();
     assert!(matches!(error, ImportError::TooMany(2)), "{error}");
+    // A model column: a name is kept, an empty cell names none, a bad name is refused.
+    let with_models: Columns = "submit=s,service=d,model=m".parse().unwrap();
+    let csv = "s,d,m\n0,1,seg-v3\n1,1,\n";
+    let tasks = import(csv.as_bytes(), &with_models, TimeUnit::Seconds, 10).unwrap();
+    let models: Vec<_> = tasks.iter().map(|t| t.model.as_deref()).collect();
+    assert_eq!(models, [Some("seg-v3"), None]);
+    let bad = import(
+        "s,d,m\n0,1,seg v3\n".as_bytes(),
+        &with_models,
+        TimeUnit::Seconds,
+        10,
+    );
+    let error = bad.unwrap_err().to_string();
+    assert!(
+        error.starts_with("row 2: ") && error.contains("model"),
+        "{error}"
+    );
 }
 
 fn submission(body: serde_json::Value) -> crate::model::Submission {
