@@ -639,6 +639,7 @@ impl<'a> Replay<'a> {
         state.up = false;
         state.busy = 0;
         state.epoch += 1;
+        state.unload_all();
         self.free.remove(&worker);
         self.worker_timers
             .insert((now_ms.saturating_add(self.options.restart_ms), worker));

@@ -43,4 +43,43 @@ impl SimWorker {
             .collect();
         true
     }
+
+    /// A crash empties every GPU: the worker comes back with nothing loaded.
+    pub(super) fn unload_all(&mut self) {
+        self.loaded.fill((NO_MODEL, 0));
+        self.heartbeat.loaded_models.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_loads_a_model_once_says_so_and_forgets_it_in_a_crash() {
+        let names = ["seg-a".to_owned(), "seg-b".to_owned()];
+        let mut worker = SimWorker {
+            name: "sim-0".into(),
+            heartbeat: Heartbeat::default(),
+            slots: 2,
+            busy: 0,
+            up: true,
+            epoch: 0,
+            loaded: vec![(NO_MODEL, 0); 2],
+        };
+        assert!(worker.load(1, 0, &names, 8_000));
+        assert!(!worker.load(1, 0, &names, 8_000), "already there");
+        assert!(!worker.load(2, 0, &names, 8_000), "no such GPU");
+        assert!(worker.load(0, 1, &names, 4_000));
+        let said: Vec<_> = worker
+            .heartbeat
+            .loaded_models
+            .iter()
+            .map(|m| (m.name.as_str(), m.gpu, m.memory_mb))
+            .collect();
+        assert_eq!(said, [("seg-b", 0, 4_000), ("seg-a", 1, 8_000)]);
+        worker.unload_all();
+        assert!(worker.heartbeat.loaded_models.is_empty());
+        assert!(worker.load(1, 0, &names, 8_000), "loaded again after the crash");
+    }
 }
