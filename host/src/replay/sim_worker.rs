@@ -80,6 +80,9 @@ mod tests {
         assert_eq!(said, [("seg-b", 0, 4_000), ("seg-a", 1, 8_000)]);
         worker.unload_all();
         assert!(worker.heartbeat.loaded_models.is_empty());
-        assert!(worker.load(1, 0, &names, 8_000), "loaded again after the crash");
+        assert!(
+            worker.load(1, 0, &names, 8_000),
+            "loaded again after the crash"
+        );
     }
 }
