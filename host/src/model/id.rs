@@ -94,7 +94,7 @@ impl<'de> Deserialize<'de> for TaskId {
     }
 }
 
-/// The hasher of the maps keyed by task id (`TaskIdMap`, `TaskIdSet`). Ids are made by the
+/// The hasher of the maps keyed by task id (`TaskIdMap`). Ids are made by the
 /// server, never chosen by a client (one can only look an id up), and their low 80 bits are
 /// random or count up within a millisecond, so one multiply spreads them over a table's buckets:
 /// SipHash's keyed defence against chosen keys buys nothing here, and it was a tenth of the
@@ -125,7 +125,6 @@ impl std::hash::Hasher for TaskIdHasher {
 
 pub type TaskIdMap<V> =
     std::collections::HashMap<TaskId, V, std::hash::BuildHasherDefault<TaskIdHasher>>;
-pub type TaskIdSet = std::collections::HashSet<TaskId, std::hash::BuildHasherDefault<TaskIdHasher>>;
 
 /// Issues strictly increasing ids from the caller's clock and random bits, so a replay with the
 /// same inputs yields the same ids, and a clock that steps back never yields a smaller id.

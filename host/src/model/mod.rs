@@ -32,7 +32,7 @@ pub use experiment::{
     MAX_EXPERIMENTS, VariantSpec, VariantTag,
 };
 pub use failure::FailureClass;
-pub use id::{IdError, IdGenerator, TaskId, TaskIdMap, TaskIdSet};
+pub use id::{IdError, IdGenerator, TaskId, TaskIdMap};
 pub use policy::{
     BUILTIN_VERSION, DataRef, PolicyAction, PolicyEvent, PolicyKind, PolicyVersion, UnknownKind,
 };
