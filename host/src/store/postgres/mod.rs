@@ -187,6 +187,8 @@ impl PgStore {
             // Every query is planned for its arguments and the tables as they are: a generic
             // plan cached while a table was nearly empty (a new store's first seconds) kept a
             // sequential scan of the keys for every later group, 4-5 ms each by 2,000 keys.
+            // The commit function is the exception (migration 0006): its statements have one
+            // right plan, which it keeps.
             .options([
                 ("statement_timeout", statement_timeout.as_str()),
                 ("plan_cache_mode", "force_custom_plan"),

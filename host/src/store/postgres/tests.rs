@@ -353,3 +353,65 @@ fn a_commit_encoded_ahead_writes_what_a_plain_commit_does() {
     let logged = [first.events.clone(), second.events.clone()].concat();
     assert_eq!(store.events_after(0, 100).unwrap(), logged);
 }
+
+/// Index scans of the task table so far, once the server's statistics show at least
+/// `at_least` (they arrive within a second or so of each transaction), or after 20 s.
+fn task_index_scans(store: &PgStore, at_least: i64) -> i64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let pool = store.pool();
+        let scans: i64 = store
+            .block(async move {
+                Ok(sqlx::query_scalar(
+                    "SELECT coalesce(idx_scan, 0) FROM pg_stat_user_tables \
+                     WHERE relname = 'sluice_tasks'",
+                )
+                .fetch_one(&pool)
+                .await?)
+            })
+            .unwrap();
+        if scans >= at_least || std::time::Instant::now() > deadline {
+            return scans;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Migration 0006: the commit function keeps its plan, and that plan finds changed rows through
+/// the primary key even while the table is small enough that a fresh plan would read it whole
+/// (a plan kept from then would read it whole for every group once it is large).
+#[test]
+fn commits_find_changed_rows_through_the_primary_key_on_a_small_table() {
+    let Some((_db, store)) = leading_store() else {
+        return;
+    };
+    let mut engine = Engine::default();
+    let mut created = crate::model::Change::default();
+    for n in 0..20 {
+        created.merge(plan_create(&mut engine, 1_000 + n, &format!("small-{n}")));
+    }
+    store.commit(&created).unwrap();
+    store.sync().unwrap();
+    let before = task_index_scans(&store, 0);
+    // Six commits of three claimed tasks each, as groups carry several.
+    let mut updated = 0;
+    for tasks in created.writes.chunks(3).take(6) {
+        let mut group = crate::model::Change::default();
+        for write in tasks {
+            let change = engine
+                .plan_claim(5_000, 7, &write.task, "w", None, None)
+                .unwrap();
+            engine.apply(&change);
+            group.merge(change);
+        }
+        updated += group.writes.len() as i64;
+        store.commit(&group).unwrap();
+    }
+    // Each changed row was found through the primary key: one index probe a row (a plan that
+    // read the table whole would make none).
+    let after = task_index_scans(&store, before + updated);
+    assert!(
+        after >= before + updated,
+        "index scans of the task table {before} -> {after} for {updated} changed rows"
+    );
+}
