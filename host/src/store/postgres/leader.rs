@@ -65,7 +65,7 @@ impl PgStore {
 
     /// Takes the lease if it has run out; the new epoch, or `None` while another holds it.
     fn try_lead(&self, holder: &str, address: &str) -> Result<Option<u64>, StoreError> {
-        let pool = self.pool();
+        let pool = self.engine_pool();
         let (holder, address) = (holder.to_owned(), address.to_owned());
         self.block(async move {
             let epoch: Option<i64> = sqlx::query_scalar(
@@ -123,7 +123,7 @@ impl PgStore {
     /// the lease's slack stop the store: another replica may be taking over, and the epoch
     /// check would refuse this one's commits then anyway.
     fn keep_renewed(&self, epoch: u64) {
-        let pool = self.pool();
+        let pool = self.engine_pool();
         let failure = self.failure.clone();
         self.handle.spawn(async move {
             let mut renewed_before = Instant::now();
@@ -171,7 +171,7 @@ impl PgStore {
     /// Gives the lease up at once (a clean stop), so a standby need not wait for it to run out.
     pub(super) fn release(&self) -> Result<(), StoreError> {
         let epoch = self.leadership.epoch();
-        let pool = self.pool();
+        let pool = self.engine_pool();
         self.block(async move {
             sqlx::query(
                 "UPDATE sluice_leader SET expires_at = '-infinity' WHERE id = 1 AND epoch = $1",

@@ -1,5 +1,5 @@
 //! The PostgreSQL store (`--store postgres://...`): the storage API over one database that
-//! several Sluice replicas share. It owns the connection pool, the migrations (embedded, run at
+//! several Sluice replicas share. It owns the connection pools, the migrations (embedded, run at
 //! open under sqlx's advisory lock), the leader lease with its fencing epoch (`leader`), and a
 //! small tokio runtime of its own, so that its synchronous trait methods can be called from any
 //! thread, the server's async handlers included, without nesting runtimes.
@@ -26,7 +26,8 @@ use std::time::Duration;
 /// How the store connects.
 #[derive(Clone, Debug)]
 pub struct PgOptions {
-    /// Connections held at most; the writer, the flusher, retention and the readers share them.
+    /// Connections held at most for reads, retention and the catalog; the engine's own path
+    /// (commits, syncs, its key reads and the leader lease) has `ENGINE_CONNECTIONS` besides.
     pub max_connections: u32,
     /// How long a caller waits for a free connection before the call fails.
     pub acquire_timeout: Duration,
@@ -62,8 +63,16 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
+/// Connections kept for the leader's own path: the committer, the flusher, the writer's key
+/// reads and the lease renewal each use at most one at a time. Apart from the shared pool so
+/// that readers holding every connection there (a burst of listings, each examining thousands
+/// of rows) can neither hold a commit back nor let the lease run out.
+const ENGINE_CONNECTIONS: u32 = 4;
+
 pub struct PgStore {
     pool: PgPool,
+    /// See `ENGINE_CONNECTIONS`.
+    engine_pool: PgPool,
     runtime: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
     /// The fencing epoch this process leads under, once it leads; 0 before.
@@ -196,16 +205,22 @@ impl PgStore {
         let pool_options = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout);
-        let pool = runtime
+        let engine_pool_options = PgPoolOptions::new()
+            .max_connections(ENGINE_CONNECTIONS)
+            .acquire_timeout(options.acquire_timeout);
+        let (pool, engine_pool) = runtime
             .block_on(async move {
-                let pool = pool_options.connect_with(connect).await?;
+                let pool = pool_options.connect_with(connect.clone()).await?;
                 MIGRATOR.run(&pool).await?;
-                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(pool)
+                // Connected when the path first needs it: a replica that never leads, never.
+                let engine_pool = engine_pool_options.connect_lazy_with(connect);
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>((pool, engine_pool))
             })
             .map_err(open_error)?;
         let handle = runtime.handle().clone();
         Ok(PgStore {
             pool,
+            engine_pool,
             runtime: Some(runtime),
             handle,
             leadership: Arc::new(Leadership::default()),
@@ -231,6 +246,11 @@ impl PgStore {
 
     fn pool(&self) -> PgPool {
         self.pool.clone()
+    }
+
+    /// The pool of the leader's own path (`ENGINE_CONNECTIONS`).
+    fn engine_pool(&self) -> PgPool {
+        self.engine_pool.clone()
     }
 
     pub(super) fn fail(&self, reason: String) {

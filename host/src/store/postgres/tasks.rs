@@ -242,7 +242,7 @@ impl PgStore {
             Some(planned) => planned,
             None => plan(change)?,
         };
-        let pool = self.pool();
+        let pool = self.engine_pool();
         // Durable at the next `sync`, whose own synchronous commit flushes the WAL past this
         // one.
         let committed = self.block(async move { write(&pool, epoch, planned).await });
@@ -269,7 +269,7 @@ impl Store for PgStore {
     fn sync(&self) -> Result<(), StoreError> {
         self.refuse_if_failed()?;
         let epoch = self.epoch()?;
-        let pool = self.pool();
+        let pool = self.engine_pool();
         let synced = self.block(async move {
             let held: Option<i32> = sqlx::query_scalar(
                 "UPDATE sluice_syncs SET synced_at = now() WHERE id = 1 AND EXISTS \
@@ -359,7 +359,7 @@ impl Store for PgStore {
         if keys.is_empty() {
             return Ok(HashMap::new());
         }
-        let pool = self.pool();
+        let pool = self.engine_pool();
         let wanted: Vec<String> = keys.iter().map(|&key| key.to_owned()).collect();
         let rows: Vec<(String, Vec<u8>, Vec<u8>)> = self.block(async move {
             Ok(sqlx::query_as(

@@ -415,3 +415,53 @@ fn commits_find_changed_rows_through_the_primary_key_on_a_small_table() {
         "index scans of the task table {before} -> {after} for {updated} changed rows"
     );
 }
+
+/// Readers holding every shared connection (a burst of listings) hold neither the leader's
+/// commits back nor its lease renewals: the engine's path has connections of its own.
+#[test]
+fn readers_holding_every_shared_connection_stop_neither_commits_nor_the_lease() {
+    let Some(db) = scratch() else { return };
+    let options = PgOptions {
+        max_connections: 2,
+        acquire_timeout: std::time::Duration::from_secs(1),
+        ..PgOptions::default()
+    };
+    let store = PgStore::open(&db.0, &options).unwrap();
+    let epoch = store.lead("only", "127.0.0.1:1").unwrap();
+    // Both shared connections, held on the store's runtime until `release` goes.
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let (acquired, all_acquired) = std::sync::mpsc::channel();
+    let pool = store.pool();
+    store.handle.spawn(async move {
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(pool.acquire().await);
+        }
+        let _ = acquired.send(held.iter().all(Result::is_ok));
+        let _ = released.await;
+    });
+    assert!(
+        all_acquired.recv().unwrap(),
+        "holding the shared connections"
+    );
+    let mut engine = Engine::default();
+    let first = plan_create(&mut engine, 1_000, "busy-1");
+    store.commit(&first).unwrap();
+    store.sync().unwrap();
+    // Past the lease's length: only renewals keep it.
+    std::thread::sleep(std::time::Duration::from_millis(
+        leader::LEASE_MS + leader::RENEW_MS,
+    ));
+    let second = plan_create(&mut engine, 2_000, "busy-2");
+    store.commit(&second).unwrap();
+    store.sync().unwrap();
+    assert_eq!(store.failed(), None);
+    drop(release);
+
+    let lease = store.leader().unwrap();
+    assert!(lease.live && lease.epoch == epoch, "{lease:?}");
+    for change in [&first, &second] {
+        let id = change.writes[0].task.id;
+        assert_eq!(store.task(id).unwrap().map(|task| task.id), Some(id));
+    }
+}
