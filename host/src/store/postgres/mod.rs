@@ -212,7 +212,7 @@ impl PgStore {
             .block_on(async move {
                 let pool = pool_options.connect_with(connect.clone()).await?;
                 MIGRATOR.run(&pool).await?;
-                // Connected when the path first needs it: a replica that never leads, never.
+                // Connected at first use: a replica's first attempt to take the lease.
                 let engine_pool = engine_pool_options.connect_lazy_with(connect);
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>((pool, engine_pool))
             })

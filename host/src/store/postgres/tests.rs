@@ -269,26 +269,8 @@ fn listing_by_state_examines_at_most_its_budget_and_state_changes_are_hot_update
     // The claims changed the state of live tasks only: their rows were updated in place (HOT);
     // the cancel ended a task, and so changed `live`. The server's statistics arrive within
     // a second or so of each commit.
-    let pool = store.pool();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let (updates, hot) = loop {
-        let pool = pool.clone();
-        let (updates, hot): (i64, i64) = store
-            .block(async move {
-                Ok(sqlx::query_as(
-                    "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables \
-                     WHERE relname = 'sluice_tasks'",
-                )
-                .fetch_one(&pool)
-                .await?)
-            })
-            .unwrap();
-        if updates >= 4 || std::time::Instant::now() > deadline {
-            break (updates, hot);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    assert_eq!((updates, hot), (4, 3));
+    let counts = task_table_counts(&store, |counts| counts.updates >= 4);
+    assert_eq!((counts.updates, counts.hot_updates), (4, 3));
 }
 
 /// Migration 0005: a block large enough to be compressed is compressed with lz4 (pglz on a
@@ -354,24 +336,33 @@ fn a_commit_encoded_ahead_writes_what_a_plain_commit_does() {
     assert_eq!(store.events_after(0, 100).unwrap(), logged);
 }
 
-/// Index scans of the task table so far, once the server's statistics show at least
-/// `at_least` (they arrive within a second or so of each transaction), or after 20 s.
-fn task_index_scans(store: &PgStore, at_least: i64) -> i64 {
+/// What the server's statistics count for the task table.
+#[derive(Debug, sqlx::FromRow)]
+struct TableCounts {
+    updates: i64,
+    hot_updates: i64,
+    index_scans: i64,
+}
+
+/// The task table's counts once `enough` holds of them (they arrive within a second or so of
+/// each transaction), or after 20 s.
+fn task_table_counts(store: &PgStore, enough: impl Fn(&TableCounts) -> bool) -> TableCounts {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let pool = store.pool();
-        let scans: i64 = store
+        let counts: TableCounts = store
             .block(async move {
-                Ok(sqlx::query_scalar(
-                    "SELECT coalesce(idx_scan, 0) FROM pg_stat_user_tables \
-                     WHERE relname = 'sluice_tasks'",
+                Ok(sqlx::query_as(
+                    "SELECT n_tup_upd AS updates, n_tup_hot_upd AS hot_updates, \
+                     coalesce(idx_scan, 0) AS index_scans \
+                     FROM pg_stat_user_tables WHERE relname = 'sluice_tasks'",
                 )
                 .fetch_one(&pool)
                 .await?)
             })
             .unwrap();
-        if scans >= at_least || std::time::Instant::now() > deadline {
-            return scans;
+        if enough(&counts) || std::time::Instant::now() > deadline {
+            return counts;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -392,7 +383,7 @@ fn commits_find_changed_rows_through_the_primary_key_on_a_small_table() {
     }
     store.commit(&created).unwrap();
     store.sync().unwrap();
-    let before = task_index_scans(&store, 0);
+    let before = task_table_counts(&store, |_| true).index_scans;
     // Six commits of three claimed tasks each, as groups carry several.
     let mut updated = 0;
     for tasks in created.writes.chunks(3).take(6) {
@@ -409,7 +400,8 @@ fn commits_find_changed_rows_through_the_primary_key_on_a_small_table() {
     }
     // Each changed row was found through the primary key: one index probe a row (a plan that
     // read the table whole would make none).
-    let after = task_index_scans(&store, before + updated);
+    let after =
+        task_table_counts(&store, |counts| counts.index_scans >= before + updated).index_scans;
     assert!(
         after >= before + updated,
         "index scans of the task table {before} -> {after} for {updated} changed rows"
