@@ -4,6 +4,7 @@
 //! claimed batch complete in one request; and the claim latency the workers see.
 
 use super::child::ChildServer;
+use super::cpu;
 use super::server_histograms::{self as histograms, Buckets};
 use anyhow::{Context, bail};
 use sluice::client::Client;
@@ -82,6 +83,8 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
     let nonce = std::process::id();
     let metrics_before = histograms::scrape(&http, &url).await?;
     let done = Arc::new(AtomicUsize::new(0));
+    let server_pid = child.as_ref().map(ChildServer::pid);
+    let cpu_before = cpu::sample(server_pid);
     let started = Instant::now();
 
     let mut workers = tokio::task::JoinSet::new();
@@ -109,11 +112,11 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
         joined??;
     }
     let submitted_after = started.elapsed();
-    let started = if args.prefill {
+    let (started, cpu_before) = if args.prefill {
         start_workers(&mut workers);
-        Instant::now()
+        (Instant::now(), cpu::sample(server_pid))
     } else {
-        started
+        (started, cpu_before)
     };
     let mut claim_us: Vec<u32> = Vec::new();
     let mut empty_claims = 0usize;
@@ -123,6 +126,7 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
         empty_claims += empty;
     }
     let elapsed = started.elapsed();
+    let cpu_after = cpu::sample(server_pid);
     claim_us.sort_unstable();
     let pct = |q: f64| {
         claim_us
@@ -183,6 +187,12 @@ pub async fn run(args: E2eBenchArgs) -> anyhow::Result<()> {
             histograms::describe(&run),
             run.count()
         )?;
+    }
+    if let Some(line) = cpu_before
+        .zip(cpu_after)
+        .and_then(|(b, a)| cpu::describe(b, a))
+    {
+        outln!("{line}")?;
     }
     drop(child);
     Ok(())

@@ -1,6 +1,7 @@
 //! `sluice bench`: benchmarks that print figures (tests assert behaviour, never timings).
 
 mod child;
+mod cpu;
 mod e2e;
 pub mod policy;
 mod restart;
