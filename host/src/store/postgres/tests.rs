@@ -54,6 +54,15 @@ fn plan_create(engine: &mut Engine, now_ms: u64, key: &str) -> crate::model::Cha
     change
 }
 
+/// `count` new tasks planned one after another, keys `prefix-0`, `prefix-1`, ..., as one change.
+fn plan_creates(engine: &mut Engine, count: u64, prefix: &str) -> crate::model::Change {
+    let mut change = crate::model::Change::default();
+    for n in 0..count {
+        change.merge(plan_create(engine, 1_000 + n, &format!("{prefix}-{n}")));
+    }
+    change
+}
+
 /// Ends `store`'s lease at once, as if it had not renewed it for `LEASE_MS`.
 fn expire_lease(store: &PgStore) {
     let pool = store.pool();
@@ -281,10 +290,7 @@ fn large_event_blocks_are_compressed_with_lz4_and_read_back() {
         return;
     };
     let mut engine = Engine::default();
-    let mut change = crate::model::Change::default();
-    for n in 0..60 {
-        change.merge(plan_create(&mut engine, 1_000 + n, &format!("big-{n}")));
-    }
+    let change = plan_creates(&mut engine, 60, "big");
     store.commit(&change).unwrap();
     let pool = store.pool();
     let (method, lz4_built) = store
@@ -377,10 +383,7 @@ fn commits_find_changed_rows_through_the_primary_key_on_a_small_table() {
         return;
     };
     let mut engine = Engine::default();
-    let mut created = crate::model::Change::default();
-    for n in 0..20 {
-        created.merge(plan_create(&mut engine, 1_000 + n, &format!("small-{n}")));
-    }
+    let created = plan_creates(&mut engine, 20, "small");
     store.commit(&created).unwrap();
     store.sync().unwrap();
     let before = task_table_counts(&store, |_| true).index_scans;
