@@ -8,7 +8,8 @@ use super::problem::ApiError;
 use super::tasks::{DEFAULT_EVENTS_LIMIT, EventParams, MAX_EVENTS_LIMIT, page_limit};
 use crate::auth::Principal;
 use crate::engine::{NoClaim, WorkerView};
-use crate::model::{Heartbeat, Task, TaskId, WorkerEvent};
+use crate::model::{Heartbeat, Task, WorkerEvent};
+use crate::scheduler::ClaimAnswer;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{RawQuery, State as Shared};
@@ -193,11 +194,11 @@ pub async fn claim(
             .scheduler
             .claim(worker.clone(), request.max, request.claim_id.clone())
             .await?;
-        if let Some(reason) = &claimed.refused {
+        if let Some(reason) = &claimed.claimed.refused {
             return Ok(Json(refusal(reason)));
         }
-        if !claimed.leases.is_empty() {
-            let leases = grants(&state, claimed.leases)?;
+        if !claimed.claimed.leases.is_empty() {
+            let leases = grants(&state, claimed)?;
             state
                 .metrics
                 .pipeline
@@ -234,11 +235,13 @@ pub async fn claim(
     }
 }
 
-/// The claimed tasks with their leases and payloads (read in one go).
-fn grants(state: &AppState, tasks: Vec<Task>) -> Result<Vec<LeaseGrant>, ApiError> {
-    let ids: Vec<TaskId> = tasks.iter().map(|task| task.id).collect();
-    let payloads = state.scheduler.payloads(&ids)?;
-    tasks
+/// The claimed tasks with their leases and payloads (those the writer did not hand over read
+/// in one go).
+fn grants(state: &AppState, mut answer: ClaimAnswer) -> Result<Vec<LeaseGrant>, ApiError> {
+    let payloads = state.scheduler.lease_payloads(&mut answer)?;
+    answer
+        .claimed
+        .leases
         .into_iter()
         .zip(payloads)
         .map(|(task, payload)| {

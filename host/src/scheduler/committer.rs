@@ -299,8 +299,9 @@ impl InFlight {
     }
 
     /// Group `number` is in the store (or refused): what it wrote is read from there now,
-    /// unless a later group in flight wrote it again.
-    pub(super) fn landed(&mut self, number: u64) {
+    /// unless a later group in flight wrote it again. Returns the keys no longer held here.
+    pub(super) fn landed(&mut self, number: u64) -> Vec<(String, KeyRecord)> {
+        let mut gone = Vec::new();
         while let Some((oldest, _, _)) = self.groups.front() {
             if *oldest > number {
                 break;
@@ -314,11 +315,14 @@ impl InFlight {
                 }
             }
             for key in keys {
-                if self.keys.get(&key).is_some_and(|(by, _)| *by == oldest) {
-                    self.keys.remove(&key);
+                if self.keys.get(&key).is_some_and(|(by, _)| *by == oldest)
+                    && let Some((_, record)) = self.keys.remove(&key)
+                {
+                    gone.push((key, record));
                 }
             }
         }
+        gone
     }
 
     pub(super) fn clear(&mut self) {

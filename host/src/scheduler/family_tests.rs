@@ -102,8 +102,8 @@ async fn answer_shard(scheduler: &Scheduler, shard: u32, hits: serde_json::Value
         .await
         .unwrap();
     let claimed = scheduler.claim(worker, 4, None).await.unwrap();
-    assert_eq!(claimed.leases.len(), 1, "{claimed:?}");
-    let child = &claimed.leases[0];
+    assert_eq!(claimed.claimed.leases.len(), 1, "{claimed:?}");
+    let child = &claimed.claimed.leases[0];
     let token = child.lease.as_ref().unwrap().token.clone();
     scheduler
         .report(

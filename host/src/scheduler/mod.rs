@@ -13,6 +13,8 @@ mod callbacks;
 mod clock;
 mod committer;
 mod flusher;
+mod keys_ahead;
+mod payload_cache;
 mod retention;
 mod task_cache;
 mod work_signal;
@@ -83,6 +85,9 @@ pub struct SchedulerOptions {
     pub pipeline_metrics: Arc<crate::telemetry::PipelineMetrics>,
 }
 
+/// How often a ticker waiting out a long tick looks whether the writer has stopped.
+const TICKER_WAKE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// 30 days.
 pub const DEFAULT_RETENTION_MS: u64 = 30 * 24 * 3_600_000;
 
@@ -122,10 +127,19 @@ pub(crate) enum Answer {
     Submitted(oneshot::Sender<Vec<SubmitResult>>),
     Task(oneshot::Sender<Result<Task, SchedulerError>>),
     Reports(oneshot::Sender<Vec<Result<Task, SchedulerError>>>),
-    Claimed(oneshot::Sender<Result<Claimed, SchedulerError>>),
+    Claimed(oneshot::Sender<Result<ClaimAnswer, SchedulerError>>),
     Workers(oneshot::Sender<Result<Vec<WorkerView>, SchedulerError>>),
     WorkersNow(oneshot::Sender<Result<Vec<WorkerView>, SchedulerError>>),
     Done(Option<oneshot::Sender<Result<(), SchedulerError>>>),
+}
+
+/// A claim's answer: the engine's, with the payloads of its leases where the writer still
+/// held them, so that most grants need no read of the store (`Scheduler::lease_payloads`).
+#[derive(Debug)]
+pub struct ClaimAnswer {
+    pub claimed: Claimed,
+    /// One for each lease, in order: `None` where the payload is to be read from the store.
+    pub payloads: Vec<Option<Vec<u8>>>,
 }
 
 pub struct Scheduler {
@@ -209,9 +223,18 @@ impl Scheduler {
         let ticker = std::thread::Builder::new()
             .name("sluice-ticker".into())
             .spawn(move || {
-                // A full queue skips a tick (the next one catches up); a closed one ends it.
+                // A full queue skips a tick (the next one catches up); a closed one ends it,
+                // looked at every `TICKER_WAKE` so that a long tick does not hold up shutdown.
                 loop {
-                    std::thread::sleep(tick);
+                    let mut waited = std::time::Duration::ZERO;
+                    while waited < tick {
+                        let nap = TICKER_WAKE.min(tick - waited);
+                        std::thread::sleep(nap);
+                        waited += nap;
+                        if ticks.is_closed() {
+                            return;
+                        }
+                    }
                     if let Err(mpsc::error::TrySendError::Closed(_)) =
                         ticks.try_send(Command::Tick { reply: None })
                     {
@@ -282,7 +305,7 @@ impl Scheduler {
         worker: String,
         max: usize,
         claim_id: Option<String>,
-    ) -> Result<Claimed, SchedulerError> {
+    ) -> Result<ClaimAnswer, SchedulerError> {
         let (reply, answer) = oneshot::channel();
         self.step(
             Input::Claim {
@@ -439,9 +462,30 @@ impl Scheduler {
         Ok(self.store.payload(id)?)
     }
 
-    /// The payloads of `ids`, in their order, in one read.
-    pub fn payloads(&self, ids: &[TaskId]) -> Result<Vec<Option<Vec<u8>>>, SchedulerError> {
-        Ok(self.store.payloads(ids)?)
+    /// The payloads of a claim's leases, in order: those the writer handed over with it, the
+    /// rest read from the store in one go.
+    pub fn lease_payloads(
+        &self,
+        answer: &mut ClaimAnswer,
+    ) -> Result<Vec<Option<Vec<u8>>>, SchedulerError> {
+        debug_assert_eq!(answer.payloads.len(), answer.claimed.leases.len());
+        let missing: Vec<TaskId> = answer
+            .claimed
+            .leases
+            .iter()
+            .zip(&answer.payloads)
+            .filter(|(_, payload)| payload.is_none())
+            .map(|(task, _)| task.id)
+            .collect();
+        let mut read = match missing.is_empty() {
+            true => Vec::new(),
+            false => self.store.payloads(&missing)?,
+        }
+        .into_iter();
+        Ok(std::mem::take(&mut answer.payloads)
+            .into_iter()
+            .map(|held| held.or_else(|| read.next().flatten()))
+            .collect())
     }
 
     pub fn events(

@@ -16,9 +16,13 @@ impl Clock for FixedClock {
     }
 }
 
-/// A gate a store call waits at while it is held.
+/// A gate a store call waits at while it is held, counting the calls that came to it.
 #[derive(Default)]
-struct Gate(std::sync::Mutex<bool>, std::sync::Condvar);
+struct Gate(
+    std::sync::Mutex<bool>,
+    std::sync::Condvar,
+    std::sync::atomic::AtomicUsize,
+);
 
 impl Gate {
     fn hold(&self, held: bool) {
@@ -27,19 +31,30 @@ impl Gate {
     }
 
     fn pass(&self) {
+        self.2.fetch_add(1, Ordering::SeqCst);
         drop(self.1.wait_while(self.0.lock().unwrap(), |held| *held));
+    }
+
+    fn arrivals(&self) -> usize {
+        self.2.load(Ordering::SeqCst)
     }
 }
 
 /// The real store, except that `commit` waits while `commits_held` and then fails while
-/// `fail_commits` is set, and `sync` waits while `syncs_held` is. `remote` makes it say it is
-/// across the network, so the writer commits through its pipeline.
+/// `fail_commits` is set, `sync` waits while `syncs_held` is, `check_space` while
+/// `space_held` is, and a read of keys ahead answers (having read) once `key_reads_held` is
+/// not. `remote` makes it say it is across the network, so the writer commits through its
+/// pipeline and reads keys ahead.
 struct FlakyStore {
     inner: SledStore,
     fail_commits: AtomicBool,
     commits_held: Gate,
     syncs_held: Gate,
+    space_held: Gate,
+    key_reads_held: Gate,
     remote: bool,
+    /// Payloads read so far.
+    payload_reads: std::sync::atomic::AtomicUsize,
 }
 
 impl FlakyStore {
@@ -49,7 +64,10 @@ impl FlakyStore {
             fail_commits: AtomicBool::new(false),
             commits_held: Gate::default(),
             syncs_held: Gate::default(),
+            space_held: Gate::default(),
+            key_reads_held: Gate::default(),
             remote: false,
+            payload_reads: Default::default(),
         }
     }
 
@@ -86,10 +104,23 @@ impl Store for FlakyStore {
         self.inner.task(id)
     }
     fn payload(&self, id: TaskId) -> Result<Option<Vec<u8>>, StoreError> {
+        self.payload_reads.fetch_add(1, Ordering::SeqCst);
         self.inner.payload(id)
     }
     fn key(&self, key: &str) -> Result<Option<KeyRecord>, StoreError> {
         self.inner.key(key)
+    }
+    fn keys(
+        &self,
+        keys: &[&str],
+    ) -> Result<std::collections::HashMap<String, KeyRecord>, StoreError> {
+        let found = self.inner.keys(keys);
+        self.key_reads_held.pass();
+        found
+    }
+    fn check_space(&self) -> Result<(), StoreError> {
+        self.space_held.pass();
+        self.inner.check_space()
     }
     fn events_of(
         &self,
@@ -184,7 +215,7 @@ async fn a_claim_is_answered_once_written_and_a_report_once_synced() {
         .await
         .expect("the claim waited for a sync")
         .unwrap();
-    let task = claimed.leases[0].clone();
+    let task = claimed.claimed.leases[0].clone();
     let token = task.lease.clone().unwrap().token;
     let start = tokio::spawn({
         let scheduler = scheduler.clone();
@@ -199,6 +230,114 @@ async fn a_claim_is_answered_once_written_and_a_report_once_synced() {
     store.hold_syncs(false);
     let started = start.await.unwrap().unwrap();
     assert_eq!(started.state, State::Running);
+    scheduler.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_claim_brings_the_payloads_the_writer_holds_and_the_store_gives_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FlakyStore::new(dir.path()));
+    let scheduler = start(store.clone());
+    worker_and_tasks(&scheduler, "w", 3).await;
+    let mut answer = scheduler.claim("w".into(), 2, None).await.unwrap();
+    let held: Vec<Option<&[u8]>> = answer.payloads.iter().map(Option::as_deref).collect();
+    assert_eq!(held, [Some(&b"0"[..]), Some(&b"1"[..])]);
+    let payloads = scheduler.lease_payloads(&mut answer).unwrap();
+    assert_eq!(payloads, [Some(b"0".to_vec()), Some(b"1".to_vec())]);
+    assert_eq!(store.payload_reads.load(Ordering::SeqCst), 0);
+    scheduler.shutdown().await;
+
+    // A writer started afresh holds no payloads: the third task's comes from the store.
+    let scheduler = start(store.clone());
+    worker_and_tasks(&scheduler, "w", 0).await;
+    let mut answer = scheduler.claim("w".into(), 2, None).await.unwrap();
+    assert_eq!(answer.payloads, [None]);
+    let payloads = scheduler.lease_payloads(&mut answer).unwrap();
+    assert_eq!(payloads, [Some(b"2".to_vec())]);
+    assert_eq!(store.payload_reads.load(Ordering::SeqCst), 1);
+    scheduler.shutdown().await;
+}
+
+/// Polls `done` until it holds; bounded, so a bug fails the test instead of hanging it.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..5_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    panic!("never: {what}");
+}
+
+/// The race the read of keys ahead must survive: a submission's keys are read while the
+/// group that adds the same key is still being committed (so the read finds none), the writer
+/// plans a claim while the read is out, and that group lands meanwhile (so the writer no
+/// longer holds it in flight). The second submission must still find the first one's task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_lands_while_its_read_ahead_is_out_is_still_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FlakyStore::remote(dir.path()));
+    let options = SchedulerOptions {
+        tick_ms: 3_600_000,
+        ..SchedulerOptions::default()
+    };
+    let scheduler = Arc::new(start_with(store.clone(), &options));
+    worker_and_tasks(&scheduler, "w", 0).await;
+    let submit = |key: &'static str| {
+        let scheduler = scheduler.clone();
+        tokio::spawn(async move {
+            scheduler
+                .submit(submission(Some(key), serde_json::json!(1)))
+                .await
+        })
+    };
+
+    store.commits_held.hold(true);
+    let first = submit("k");
+    until_in_state(&scheduler, State::Queued, 1).await;
+    // The writer takes a heartbeat and stops before planning it, so that the submission and
+    // the claim sent next wait in its inbox together and are taken in one go.
+    store.space_held.hold(true);
+    let checks = store.space_held.arrivals();
+    let heartbeat = tokio::spawn({
+        let scheduler = scheduler.clone();
+        let heartbeat: Heartbeat =
+            serde_json::from_value(serde_json::json!({"max_concurrency": 8})).unwrap();
+        async move { scheduler.heartbeat("w".into(), heartbeat).await }
+    });
+    until("the writer waits to plan the heartbeat", || {
+        store.space_held.arrivals() > checks
+    })
+    .await;
+    store.key_reads_held.hold(true);
+    let capacity = scheduler.commands.capacity();
+    let second = submit("k");
+    let claim = tokio::spawn({
+        let scheduler = scheduler.clone();
+        async move { scheduler.claim("w".into(), 1, None).await }
+    });
+    until("both wait in the inbox", || {
+        scheduler.commands.capacity() + 2 <= capacity
+    })
+    .await;
+    let reads = store.key_reads_held.arrivals();
+    store.space_held.hold(false);
+    heartbeat.await.unwrap().unwrap();
+    until("the second submission's key was read, finding none", || {
+        store.key_reads_held.arrivals() > reads
+    })
+    .await;
+    // The claim is planned meanwhile; the first group lands once commits go on.
+    store.commits_held.hold(false);
+    let claimed = claim.await.unwrap().unwrap();
+    assert_eq!(claimed.claimed.leases.len(), 1);
+    store.key_reads_held.hold(false);
+    let (first, second) = (
+        first.await.unwrap().unwrap(),
+        second.await.unwrap().unwrap(),
+    );
+    assert_eq!(second.task.id, first.task.id, "the key made two tasks");
+    assert!(!first.replayed && second.replayed);
     scheduler.shutdown().await;
 }
 
@@ -222,7 +361,7 @@ async fn with_sync_claims_a_claim_waits_for_its_sync() {
     tokio::task::yield_now().await;
     assert!(!claim.is_finished(), "a claim was answered before its sync");
     store.hold_syncs(false);
-    assert_eq!(claim.await.unwrap().unwrap().leases.len(), 1);
+    assert_eq!(claim.await.unwrap().unwrap().claimed.leases.len(), 1);
     scheduler.shutdown().await;
 }
 

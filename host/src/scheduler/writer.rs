@@ -5,7 +5,8 @@
 
 use super::committer::{self, InFlight, Job, Pipeline};
 use super::flusher::Delivery;
-use super::{Answer, Clock, Command, SchedulerError};
+use super::keys_ahead::{KeyReader, Keys, PendingKeys};
+use super::{Answer, ClaimAnswer, Clock, Command, SchedulerError};
 use crate::engine::{Decide, Engine, Input, Read, Reply, Snapshot, Step, StepError};
 use crate::model::{Change, KeyRecord, State, Task, TaskId, TaskIdMap};
 use crate::store::{Store, StoreError};
@@ -54,6 +55,22 @@ impl Waiting {
 
     fn pop(&mut self) -> Option<Command> {
         self.workers.pop_front().or_else(|| self.others.pop_front())
+    }
+
+    /// The next command, worker traffic first, but no submission once `submissions` is spent:
+    /// those wait for a group whose keys were read for them.
+    fn pop_within(&mut self, submissions: &mut usize) -> Option<Command> {
+        if let Some(command) = self.workers.pop_front() {
+            return Some(command);
+        }
+        if let Some(Command::Step {
+            input: Input::Submit(_),
+            ..
+        }) = self.others.front()
+        {
+            *submissions = submissions.checked_sub(1)?;
+        }
+        self.others.pop_front()
     }
 
     fn len(&self) -> usize {
@@ -148,53 +165,10 @@ impl Read for GroupRead<'_> {
         if let Some(record) = self.in_flight.key(key) {
             return Ok(Some(record));
         }
-        match self.keys.read.contains(key) {
-            true => Ok(self.keys.found.get(key).copied()),
-            false => self.store.key(key),
+        match self.keys.lookup(key) {
+            Some(known) => Ok(known),
+            None => self.store.key(key),
         }
-    }
-}
-
-/// Idempotency keys read from a remote store in one round trip before a group is planned,
-/// instead of one round trip per submission in the middle of planning. Valid for that group
-/// only: the writer is the one that adds keys, and the group's own additions are read first.
-#[derive(Default)]
-struct Keys {
-    /// Every key asked for: one not in `found` has no record.
-    read: std::collections::HashSet<String>,
-    found: HashMap<String, KeyRecord>,
-}
-
-impl Keys {
-    /// Reads the keys of the submissions the next group can take (from the front of
-    /// `waiting`, up to a group's worth of tasks, a batch whole).
-    fn read_ahead(
-        waiting: &Waiting,
-        max_tasks: usize,
-        store: &dyn Store,
-    ) -> Result<Keys, StoreError> {
-        let mut wanted: Vec<&str> = Vec::new();
-        let mut tasks = 0;
-        for command in &waiting.others {
-            if tasks >= max_tasks {
-                break;
-            }
-            if let Command::Step {
-                input: Input::Submit(submissions),
-                ..
-            } = command
-            {
-                tasks += submissions.len();
-                wanted.extend(submissions.iter().filter_map(|s| s.spec.key.as_deref()));
-            }
-        }
-        if wanted.is_empty() {
-            return Ok(Keys::default());
-        }
-        Ok(Keys {
-            found: store.keys(&wanted)?,
-            read: wanted.into_iter().map(str::to_owned).collect(),
-        })
     }
 }
 
@@ -211,8 +185,14 @@ pub(crate) struct Writer {
     work_queued: Arc<super::WorkSignal>,
     callbacks: super::callbacks::Outbox,
     cache: super::task_cache::TaskCache,
+    /// The payloads of the tasks created lately, handed out with the claims that lease them.
+    payloads: super::payload_cache::PayloadCache,
     /// The keys read ahead for the group being planned.
     keys: Keys,
+    /// On a store across the network: the thread that reads keys ahead, and the read it is
+    /// making for the next group of submissions.
+    key_reader: Option<KeyReader>,
+    pending_keys: Option<PendingKeys>,
     /// On a store across the network: the thread that commits one group while this one
     /// plans the next, and what the groups it has not yet committed wrote.
     pipeline: Option<Pipeline>,
@@ -263,7 +243,10 @@ impl Writer {
             work_queued,
             callbacks,
             cache: super::task_cache::TaskCache::default(),
-            keys: Keys::default(),
+            payloads: super::payload_cache::PayloadCache::default(),
+            keys: Keys::none(),
+            key_reader: None,
+            pending_keys: None,
             pipeline: None,
             in_flight: InFlight::default(),
             groups_planned: 0,
@@ -292,6 +275,12 @@ impl Writer {
                     tracing::warn!(%error, "cannot start the committer thread; committing inline")
                 }
             }
+            match KeyReader::start(self.store.clone()) {
+                Ok(reader) => self.key_reader = Some(reader),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot start the key reader thread; reading inline")
+                }
+            }
         }
         let mut waiting = Waiting::default();
         let mut last_was_workers_only = false;
@@ -311,6 +300,7 @@ impl Writer {
             self.settle();
             if let Some(reason) = self.store.failed() {
                 self.announce_failure(&reason);
+                self.pending_keys = None;
                 if !self.refuse_all(&mut waiting, Arc::new(StoreError::Failed(reason))) {
                     break;
                 }
@@ -324,6 +314,7 @@ impl Writer {
                     tracing::warn!(error = %full, "writes are refused until the disk has room");
                     self.disk_full = true;
                 }
+                self.pending_keys = None;
                 if !self.refuse_all(&mut waiting, Arc::new(full)) {
                     break;
                 }
@@ -333,7 +324,6 @@ impl Writer {
                 tracing::info!("the disk has room again: writes are taken");
             }
             let mut group = Group::default();
-            self.keys = Keys::default();
             if !self.unadmitted.is_empty() {
                 let unadmitted = std::mem::take(&mut self.unadmitted);
                 tracing::info!(
@@ -346,21 +336,33 @@ impl Writer {
             // A group of worker traffic takes no submissions: those go in the next group, so a
             // claim's answer does not wait for a batch of them to be planned and logged. When
             // both wait, the two kinds of group take turns, so neither starves.
-            let others_turn = last_was_workers_only && !waiting.others.is_empty();
-            let workers_only = !waiting.workers.is_empty() && !others_turn;
-            last_was_workers_only = workers_only;
-            if !workers_only && self.store.is_remote() {
-                // A key that cannot be read ahead is read when its submission is planned.
-                match Keys::read_ahead(&waiting, self.max_group_writes, self.store.as_ref()) {
-                    Ok(keys) => self.keys = keys,
-                    Err(error) => tracing::warn!(%error, "cannot read a group's keys ahead"),
-                }
+            // While the keys of the submissions in line are being read, the worker traffic
+            // waiting is planned instead.
+            if let (None, Some(reader)) = (&self.pending_keys, &self.key_reader) {
+                self.pending_keys = reader.read_ahead(&waiting.others, self.max_group_writes);
             }
+            let others_turn = last_was_workers_only && !waiting.others.is_empty();
+            let reading = self
+                .pending_keys
+                .as_ref()
+                .is_some_and(PendingKeys::is_waiting);
+            let workers_only = !waiting.workers.is_empty() && (!others_turn || reading);
+            last_was_workers_only = workers_only;
+            self.keys = match (&self.key_reader, workers_only) {
+                (None, _) => Keys::none(),
+                (Some(_), true) => Keys::default(),
+                (Some(_), false) => self
+                    .pending_keys
+                    .take()
+                    .map(PendingKeys::take)
+                    .unwrap_or_default(),
+            };
+            let mut submissions = self.keys.covered_submissions;
             while open && !group.is_full(self.max_group_writes) {
                 let next = if workers_only {
                     waiting.workers.pop_front()
                 } else {
-                    waiting.pop()
+                    waiting.pop_within(&mut submissions)
                 };
                 let Some(command) = next else {
                     break;
@@ -378,6 +380,9 @@ impl Writer {
         inbox.close();
         if let Some(pipeline) = self.pipeline.take() {
             pipeline.finish();
+        }
+        if let Some(reader) = self.key_reader.take() {
+            reader.finish();
         }
     }
 
@@ -501,7 +506,16 @@ impl Writer {
                 let on_disk = result
                     .as_ref()
                     .is_ok_and(|claimed| claimed.leases.iter().all(queued_durably));
-                let result = result.map_err(Into::into);
+                let result = result
+                    .map(|claimed| {
+                        let payloads = claimed
+                            .leases
+                            .iter()
+                            .map(|task| self.payloads.take(task.id))
+                            .collect();
+                        ClaimAnswer { claimed, payloads }
+                    })
+                    .map_err(Into::into);
                 if self.sync_claims || !on_disk {
                     group.answer(reply, result);
                 } else {
@@ -553,6 +567,7 @@ impl Writer {
         }
         for new in &change.new_tasks {
             group.payload_bytes += new.payload_json.len();
+            self.payloads.put(new.id, &new.payload_json);
             if let Some((key, record)) = &new.key {
                 group.keys.insert(key.clone(), *record);
             }
@@ -634,7 +649,7 @@ impl Writer {
             let Some(done) = pipeline.next_done(true) else {
                 break;
             };
-            self.in_flight.landed(done.number);
+            landed(&mut self.in_flight, &mut self.pending_keys, &done);
             self.refused.extend(done.refused);
         }
         self.in_flight.add(job.number, &job.change);
@@ -651,7 +666,7 @@ impl Writer {
             return;
         };
         while let Some(done) = pipeline.next_done(false) {
-            self.in_flight.landed(done.number);
+            landed(&mut self.in_flight, &mut self.pending_keys, &done);
             self.refused.extend(done.refused);
         }
         if self.refused.is_empty() {
@@ -671,6 +686,8 @@ impl Writer {
     /// After a failed commit the engine is ahead of the store: rebuild it from the store.
     fn resync(&mut self) {
         self.cache.clear();
+        self.payloads.clear();
+        self.pending_keys = None;
         self.in_flight.clear();
         match self.store.recover() {
             Ok(recovery) => {
@@ -716,6 +733,20 @@ impl Writer {
         }
         self.snapshot.store(Arc::new(self.engine.snapshot()));
         Ok(())
+    }
+}
+
+/// Group `done` has left the committer: what it wrote is read from the store from now on, and
+/// a read of keys begun before it landed learns the keys it added. (A refused group's keys
+/// were never added; the engine is rebuilt and the read dropped before the next group.)
+fn landed(
+    in_flight: &mut InFlight,
+    pending_keys: &mut Option<PendingKeys>,
+    done: &committer::Done,
+) {
+    let keys = in_flight.landed(done.number);
+    if let (Some(pending), None) = (pending_keys, &done.refused) {
+        pending.landed(keys);
     }
 }
 
