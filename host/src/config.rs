@@ -6,6 +6,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -99,6 +100,12 @@ pub struct ServeConfig {
     /// `host:port` other replicas reach this one's API at (written to the leader lease);
     /// the bound listen address when unset.
     pub advertise: Option<String>,
+    /// On PostgreSQL: connections held at most for reads, retention and the catalog (the
+    /// engine's own path has 4 more), how long a call waits for one, and the longest any one
+    /// statement may run.
+    pub pg_max_connections: u32,
+    pub pg_acquire_timeout_ms: u64,
+    pub pg_statement_timeout_ms: u64,
     /// Limits on tasks leased at once per concurrency key (or key prefix ending in `*`);
     /// those set through the API override these key by key.
     pub concurrency_limits: Vec<crate::model::ConcurrencyLimit>,
@@ -155,6 +162,9 @@ impl Default for ServeConfig {
             tls_cert: None,
             tls_key: None,
             store: None,
+            pg_max_connections: 16,
+            pg_acquire_timeout_ms: 5_000,
+            pg_statement_timeout_ms: 30_000,
             advertise: None,
             concurrency_limits: Vec::new(),
             preemption: false,
@@ -207,6 +217,9 @@ pub struct FileConfig {
     pub tls_key: Option<PathBuf>,
     pub store: Option<String>,
     pub advertise: Option<String>,
+    pub pg_max_connections: Option<u32>,
+    pub pg_acquire_timeout_ms: Option<u64>,
+    pub pg_statement_timeout_ms: Option<u64>,
     /// `[concurrency_limits]`: `"scanner-*" = 1`, `"model:seg-v3" = 2`.
     pub concurrency_limits: Option<BTreeMap<String, u32>>,
     pub preemption: Option<bool>,
@@ -264,6 +277,15 @@ impl ServeConfig {
     /// is bound to (`bound`, which knows the port that port 0 picked).
     pub fn advertised_address(&self, bound: SocketAddr) -> String {
         self.advertise.clone().unwrap_or_else(|| bound.to_string())
+    }
+
+    /// How the PostgreSQL store connects.
+    pub fn pg_options(&self) -> crate::store::PgOptions {
+        crate::store::PgOptions {
+            max_connections: self.pg_max_connections,
+            acquire_timeout: Duration::from_millis(self.pg_acquire_timeout_ms),
+            statement_timeout: Duration::from_millis(self.pg_statement_timeout_ms),
+        }
     }
 
     pub fn resolve(file: FileConfig, overrides: Overrides) -> Result<ServeConfig, ConfigError> {
@@ -375,6 +397,15 @@ impl ServeConfig {
             tls_key: overrides.tls_key.or(file.tls_key),
             store: overrides.store.or(file.store),
             advertise: overrides.advertise.or(file.advertise),
+            pg_max_connections: file
+                .pg_max_connections
+                .unwrap_or(defaults.pg_max_connections),
+            pg_acquire_timeout_ms: file
+                .pg_acquire_timeout_ms
+                .unwrap_or(defaults.pg_acquire_timeout_ms),
+            pg_statement_timeout_ms: file
+                .pg_statement_timeout_ms
+                .unwrap_or(defaults.pg_statement_timeout_ms),
             concurrency_limits: file
                 .concurrency_limits
                 .unwrap_or_default()
@@ -551,6 +582,15 @@ impl ServeConfig {
                 "set it (host:port other replicas reach this one at) when listen is 0.0.0.0 or [::] and the store is PostgreSQL",
             ));
         }
+        if !(1..=1_000).contains(&self.pg_max_connections) {
+            return Err(invalid("pg_max_connections", "must be 1 to 1000"));
+        }
+        if !(100..=600_000).contains(&self.pg_acquire_timeout_ms) {
+            return Err(invalid("pg_acquire_timeout_ms", "must be 100 ms to 10 min"));
+        }
+        if !(1_000..=3_600_000).contains(&self.pg_statement_timeout_ms) {
+            return Err(invalid("pg_statement_timeout_ms", "must be 1 s to 1 h"));
+        }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err(invalid("tls_cert", "tls_cert and tls_key go together"));
         }
@@ -696,6 +736,22 @@ mod tests {
     }
 
     #[test]
+    fn postgres_settings_reach_the_store_options() {
+        let defaults = ServeConfig::default().pg_options();
+        assert_eq!(defaults.max_connections, 16);
+        let file: FileConfig = toml::from_str(
+            "pg_max_connections = 40\npg_acquire_timeout_ms = 2500\npg_statement_timeout_ms = 120000",
+        )
+        .unwrap();
+        let options = ServeConfig::resolve(file, Overrides::default())
+            .unwrap()
+            .pg_options();
+        assert_eq!(options.max_connections, 40);
+        assert_eq!(options.acquire_timeout, Duration::from_millis(2_500));
+        assert_eq!(options.statement_timeout, Duration::from_secs(120));
+    }
+
+    #[test]
     fn unknown_keys_and_bad_values_are_refused() {
         assert!(toml::from_str::<FileConfig>("listen_addr = \"x\"").is_err());
         let file: FileConfig = toml::from_str("queue_capacity = 0").unwrap();
@@ -710,6 +766,9 @@ mod tests {
             "aging_interval_ms = 5",
             "drain_timeout_ms = 86400001",
             "max_claim_wait_ms = 300001",
+            "pg_max_connections = 0",
+            "pg_acquire_timeout_ms = 99",
+            "pg_statement_timeout_ms = 3600001",
         ] {
             let file: FileConfig = toml::from_str(bad).unwrap();
             assert!(

@@ -11,8 +11,8 @@ use crate::api::forward::{self, Forwarder};
 use crate::auth::Gate;
 use crate::config::ServeConfig;
 use crate::server::{AuthMode, Server, ServerError, api_limits, lease_holder};
+use crate::store::PgStore;
 use crate::store::postgres::leader::RENEW_MS;
-use crate::store::{PgOptions, PgStore};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +33,7 @@ pub fn start(config: &ServeConfig, bound: SocketAddr) -> Result<Role, ServerErro
         .store
         .as_deref()
         .ok_or_else(|| ServerError::Config("store: replicas need a postgres:// URL".into()))?;
-    let store = Arc::new(PgStore::open(url, &PgOptions::default())?);
+    let store = Arc::new(PgStore::open(url, &config.pg_options())?);
     let holder = lease_holder();
     let address = config.advertised_address(bound);
     let first = store.leader()?;

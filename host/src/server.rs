@@ -14,7 +14,7 @@ use crate::policy::{
 };
 use crate::scheduler::{Scheduler, SchedulerError, SchedulerOptions, SystemClock};
 use crate::store::{
-    AccessCatalog, PgOptions, PgStore, PolicyCatalog, SledOptions, SledStore, Store, StoreError,
+    AccessCatalog, PgStore, PolicyCatalog, SledOptions, SledStore, Store, StoreError,
 };
 use crate::telemetry::Metrics;
 use std::future::Future;
@@ -91,7 +91,7 @@ fn open_stores(config: &ServeConfig) -> Result<Stores, ServerError> {
             },
         )?)));
     };
-    let store = PgStore::open(url, &PgOptions::default())?;
+    let store = PgStore::open(url, &config.pg_options())?;
     store.lead(&lease_holder(), &config.advertised_address(config.listen))?;
     Ok(shared(Arc::new(store)))
 }
