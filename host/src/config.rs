@@ -101,7 +101,7 @@ pub struct ServeConfig {
     /// the bound listen address when unset.
     pub advertise: Option<String>,
     /// On PostgreSQL: connections held at most for reads, retention and the catalog (the
-    /// engine's own path has 4 more), how long a call waits for one, and the longest any one
+    /// engine's own path has 5 more), how long a call waits for one, and the longest any one
     /// statement may run.
     pub pg_max_connections: u32,
     pub pg_acquire_timeout_ms: u64,

@@ -7,27 +7,35 @@
 //! A commit is one transaction that first checks the fencing epoch under a row lock, so a
 //! deposed leader's late commit fails; it commits asynchronously (`synchronous_commit = off`),
 //! and `sync` is one synchronous write, whose WAL flush covers every commit before it: group
-//! commit as in the embedded store, one WAL flush for many groups.
+//! commit as in the embedded store, one WAL flush for many groups. A commit appends its task
+//! rows to a write-ahead log (`wal`) that the materializer writes into the task table later
+//! (`materializer`); until then readers find them in the overlay (`overlay`).
 
 mod catalog;
 mod events;
 pub mod leader;
+mod materializer;
+mod overlay;
 mod tasks;
+mod wal;
 
 pub use leader::{LeaderInfo, Leadership};
 
 use crate::store::StoreError;
+use materializer::{Materializer, Pending};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// How the store connects.
 #[derive(Clone, Debug)]
 pub struct PgOptions {
     /// Connections held at most for reads, retention and the catalog; the engine's own path
-    /// (commits, syncs, its key reads and the leader lease) has `ENGINE_CONNECTIONS` besides.
+    /// (commits, syncs, its key reads, the materializer and the leader lease) has
+    /// `ENGINE_CONNECTIONS` besides.
     pub max_connections: u32,
     /// How long a caller waits for a free connection before the call fails.
     pub acquire_timeout: Duration,
@@ -64,10 +72,10 @@ pub fn redacted(url: &str) -> String {
 }
 
 /// Connections kept for the leader's own path: the committer, the flusher, the writer's key
-/// reads and the lease renewal each use at most one at a time. Apart from the shared pool so
-/// that readers holding every connection there (a burst of listings, each examining thousands
-/// of rows) can neither hold a commit back nor let the lease run out.
-const ENGINE_CONNECTIONS: u32 = 4;
+/// reads, the materializer and the lease renewal each use at most one at a time. Apart from
+/// the shared pool so that readers holding every connection there (a burst of listings, each
+/// examining thousands of rows) can neither hold a commit back nor let the lease run out.
+const ENGINE_CONNECTIONS: u32 = 5;
 
 pub struct PgStore {
     pool: PgPool,
@@ -82,6 +90,10 @@ pub struct PgStore {
     /// Held while an audited write or a policy write picks its seq (the database's advisory
     /// lock serialises replicas; this one keeps a process's own threads off the pool meanwhile).
     catalog_writes: Mutex<()>,
+    /// The task rows committed to the write-ahead log and not yet written into the table.
+    pending: Arc<Pending>,
+    /// Writes them there (`materializer::Materializer::run`).
+    materializer_thread: Option<JoinHandle<()>>,
 }
 
 fn backend(error: sqlx::Error) -> StoreError {
@@ -218,7 +230,7 @@ impl PgStore {
             })
             .map_err(open_error)?;
         let handle = runtime.handle().clone();
-        Ok(PgStore {
+        let mut store = PgStore {
             pool,
             engine_pool,
             runtime: Some(runtime),
@@ -226,7 +238,27 @@ impl PgStore {
             leadership: Arc::new(Leadership::default()),
             failure: Arc::new(Mutex::new(None)),
             catalog_writes: Mutex::new(()),
-        })
+            pending: Arc::default(),
+            materializer_thread: None,
+        };
+        let materializer = store.materializer();
+        store.materializer_thread = Some(
+            std::thread::Builder::new()
+                .name("sluice-pg-rows".into())
+                .spawn(move || materializer.run())?,
+        );
+        Ok(store)
+    }
+
+    /// What the materializer's rounds (and the replay) work with.
+    fn materializer(&self) -> Materializer {
+        Materializer {
+            pending: self.pending.clone(),
+            pool: self.engine_pool(),
+            handle: self.handle.clone(),
+            leadership: self.leadership.clone(),
+            failure: self.failure.clone(),
+        }
     }
 
     /// Runs `work` on the store's runtime and waits for it, from any thread.
@@ -235,13 +267,7 @@ impl PgStore {
         T: Send + 'static,
         F: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
-        let (sender, receiver) = std::sync::mpsc::sync_channel(1);
-        self.handle.spawn(async move {
-            let _ = sender.send(work.await);
-        });
-        receiver
-            .recv()
-            .map_err(|_| StoreError::Failed("the PostgreSQL store has stopped".into()))?
+        run_on(&self.handle, work)
     }
 
     fn pool(&self) -> PgPool {
@@ -272,6 +298,21 @@ impl PgStore {
     }
 }
 
+/// Runs `work` on a store's runtime and waits for it, from any thread but the runtime's own.
+fn run_on<T, F>(handle: &tokio::runtime::Handle, work: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, StoreError>> + Send + 'static,
+{
+    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+    handle.spawn(async move {
+        let _ = sender.send(work.await);
+    });
+    receiver
+        .recv()
+        .map_err(|_| StoreError::Failed("the PostgreSQL store has stopped".into()))?
+}
+
 /// Records the first reason the store stopped taking writes.
 fn fail_with(failure: &Mutex<Option<String>>, reason: String) {
     let mut failure = failure.lock().unwrap_or_else(|p| p.into_inner());
@@ -283,6 +324,13 @@ fn fail_with(failure: &Mutex<Option<String>>, reason: String) {
 
 impl Drop for PgStore {
     fn drop(&mut self) {
+        // The rows pending are written first, so the next leader has little to replay.
+        self.pending.stop();
+        if let Some(thread) = self.materializer_thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the PostgreSQL store's materializer thread panicked");
+        }
         // A clean stop hands the lease over at once instead of letting it run out.
         if self.leadership.epoch() != 0 && self.failure().is_none() {
             let _ = self.release();
@@ -296,3 +344,5 @@ impl Drop for PgStore {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod write_ahead_tests;

@@ -3,13 +3,16 @@
 
 use super::events::{self, Block};
 use super::leader::check_epoch;
+use super::materializer::lock;
+use super::wal::{self, Row};
 use super::{PgStore, corrupt, int8, uint8};
 use crate::model::{
     Change, Event, KeyRecord, QueueEntry, Recovery, State, Task, TaskId, TaskIdMap, WorkerEvent,
 };
 use crate::store::{Compacted, ListPage, ListQuery, PreparedCommit, Store, StoreError};
-use sqlx::Row;
+use sqlx::Row as _;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 /// Worker log entries one retention pass removes at most, beside its tasks.
 const MAX_LOG_ENTRIES: i64 = 1_024;
@@ -70,47 +73,30 @@ fn codes(states: impl Iterator<Item = State>) -> Vec<i16> {
     states.map(state_code).collect()
 }
 
-/// The columns of task rows a commit writes, one array per column.
-#[derive(Default)]
-struct Rows {
-    ids: Vec<Vec<u8>>,
-    states: Vec<i16>,
-    records: Vec<Vec<u8>>,
-    queue_entries: Vec<Option<Vec<u8>>>,
-    keys: Vec<Option<String>>,
-    callbacks_pending: Vec<bool>,
-    holding: Vec<bool>,
-    updated_at_ms: Vec<i64>,
-    /// For new rows only.
-    payloads: Vec<Vec<u8>>,
-}
-
-impl Rows {
-    fn push(&mut self, task: &Task) -> Result<(), StoreError> {
-        self.ids.push(id_bytes(task.id));
-        self.states.push(state_code(task.state));
-        self.records
-            .push(serde_json::to_vec(task).map_err(|e| corrupt("task", e))?);
+/// A task's row as `task` leaves it; `payload` for a task the change creates.
+fn row_of(task: &Task, payload: Option<&[u8]>) -> Result<Row, StoreError> {
+    Ok(Row {
+        state: state_code(task.state),
+        record: serde_json::to_vec(task).map_err(|e| corrupt("task", e))?,
         // A queued task's row carries its queue entry, so queues are rebuilt at start from
         // those alone.
-        self.queue_entries
-            .push((task.state == State::Queued).then(|| QueueEntry::of(task).encode()));
-        self.keys.push(task.key.clone());
-        self.callbacks_pending.push(task.callback_pending());
-        self.holding.push(
-            task.lease
-                .as_ref()
-                .is_some_and(|lease| lease.holds_place_after_end()),
-        );
-        self.updated_at_ms.push(int8(task.updated_at_ms));
-        Ok(())
-    }
+        queue_entry: (task.state == State::Queued).then(|| QueueEntry::of(task).encode()),
+        key: task.key.clone(),
+        callback_pending: task.callback_pending(),
+        holds_place: task
+            .lease
+            .as_ref()
+            .is_some_and(|lease| lease.holds_place_after_end()),
+        updated_at_ms: int8(task.updated_at_ms),
+        payload: payload.map(<[u8]>::to_vec),
+    })
 }
 
-/// A commit as the statements' arrays, built before any connection is taken.
+/// A commit as it is sent, built before any connection is taken: its task rows (kept for the
+/// overlay once the commit is in) and their write-ahead record, keys, events and worker log.
 struct Planned {
-    inserts: Rows,
-    updates: Rows,
+    rows: Vec<(TaskId, Row)>,
+    wal_record: Option<Vec<u8>>,
     key_names: Vec<String>,
     key_tasks: Vec<Vec<u8>>,
     key_fingerprints: Vec<Vec<u8>>,
@@ -134,9 +120,15 @@ fn plan(change: &Change) -> Result<Planned, StoreError> {
         .iter()
         .map(|new| (new.id, new.payload_json.as_slice()))
         .collect();
+    let mut rows = Vec::with_capacity(order.len());
+    for id in order {
+        let Some(task) = latest.get(&id) else {
+            continue;
+        };
+        rows.push((id, row_of(task, payloads.get(&id).copied())?));
+    }
     let mut planned = Planned {
-        inserts: Rows::default(),
-        updates: Rows::default(),
+        wal_record: None,
         key_names: Vec::new(),
         key_tasks: Vec::new(),
         key_fingerprints: Vec::new(),
@@ -144,16 +136,13 @@ fn plan(change: &Change) -> Result<Planned, StoreError> {
         worker_seqs: Vec::new(),
         worker_times: Vec::new(),
         worker_bytes: Vec::new(),
+        rows,
     };
-    for id in &order {
-        let Some(task) = latest.get(id) else { continue };
-        match payloads.get(id) {
-            Some(payload) => {
-                planned.inserts.push(task)?;
-                planned.inserts.payloads.push(payload.to_vec());
-            }
-            None => planned.updates.push(task)?,
-        }
+    if !planned.rows.is_empty() {
+        let bytes: usize = planned.rows.iter().map(|(_, row)| row.bytes()).sum();
+        let mut record = Vec::with_capacity(bytes);
+        wal::encode(planned.rows.iter().map(|(id, row)| (*id, row)), &mut record)?;
+        planned.wal_record = Some(record);
     }
     for new in &change.new_tasks {
         if !latest.contains_key(&new.id) {
@@ -178,33 +167,20 @@ fn plan(change: &Change) -> Result<Planned, StoreError> {
     Ok(planned)
 }
 
-/// Writes one planned commit through `sluice_commit` (migration 0002): the fencing check and
-/// every statement in one round trip, as one asynchronously committed transaction.
-async fn write(pool: &sqlx::PgPool, epoch: u64, planned: Planned) -> Result<(), StoreError> {
-    let Planned {
-        inserts, updates, ..
-    } = &planned;
-    let called = sqlx::query(
-        "SELECT sluice_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
-         $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)",
+/// Sends one planned commit through `sluice_log_commit` (migration 0007): the fencing check,
+/// the write-ahead record, keys, events and worker log in one round trip, as one
+/// asynchronously committed transaction. Returns the record's id (0 when it had no rows) and
+/// the rows, for the overlay.
+async fn write(
+    pool: &sqlx::PgPool,
+    epoch: u64,
+    planned: Planned,
+) -> Result<(i64, Vec<(TaskId, Row)>), StoreError> {
+    let called: Result<i64, sqlx::Error> = sqlx::query_scalar(
+        "SELECT sluice_log_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(int8(epoch))
-    .bind(&inserts.ids)
-    .bind(&inserts.states)
-    .bind(&inserts.records)
-    .bind(&inserts.payloads)
-    .bind(&inserts.queue_entries)
-    .bind(&inserts.keys)
-    .bind(&inserts.callbacks_pending)
-    .bind(&inserts.holding)
-    .bind(&inserts.updated_at_ms)
-    .bind(&updates.ids)
-    .bind(&updates.states)
-    .bind(&updates.records)
-    .bind(&updates.queue_entries)
-    .bind(&updates.callbacks_pending)
-    .bind(&updates.holding)
-    .bind(&updates.updated_at_ms)
+    .bind(&planned.wal_record)
     .bind(&planned.key_names)
     .bind(&planned.key_tasks)
     .bind(&planned.key_fingerprints)
@@ -216,15 +192,12 @@ async fn write(pool: &sqlx::PgPool, epoch: u64, planned: Planned) -> Result<(), 
     .bind(&planned.worker_seqs)
     .bind(&planned.worker_times)
     .bind(&planned.worker_bytes)
-    .execute(pool)
+    .fetch_one(pool)
     .await;
     match called {
-        Ok(_) => Ok(()),
+        Ok(wal_id) => Ok((wal_id, planned.rows)),
         Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("SL001") => {
             Err(StoreError::Failed(error.message().to_owned()))
-        }
-        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("SL002") => {
-            Err(corrupt("commit", error.message()))
         }
         Err(other) => Err(other.into()),
     }
@@ -237,19 +210,41 @@ impl PgStore {
         if change.is_empty() {
             return Ok(());
         }
+        if self.pending.needs_replay.load(Ordering::Acquire) {
+            return Err(StoreError::Backend(
+                "an earlier commit failed: the store must be read back (recovered) first".into(),
+            ));
+        }
         let epoch = self.epoch()?;
         let planned = match planned {
             Some(planned) => planned,
             None => plan(change)?,
         };
+        self.pending.wait_for_room()?;
         let pool = self.engine_pool();
         // Durable at the next `sync`, whose own synchronous commit flushes the WAL past this
         // one.
-        let committed = self.block(async move { write(&pool, epoch, planned).await });
-        if let Err(StoreError::Failed(reason)) = &committed {
-            self.fail(reason.clone());
+        match self.block(async move { write(&pool, epoch, planned).await }) {
+            Ok((wal_id, rows)) => {
+                self.pending.absorb(wal_id, rows);
+                Ok(())
+            }
+            Err(error) => {
+                // Whether the record reached the log is not known: until the log is read back,
+                // nothing more is committed on top of what this process believes.
+                self.pending.needs_replay.store(true, Ordering::Release);
+                if let StoreError::Failed(reason) = &error {
+                    self.fail(reason.clone());
+                }
+                Err(error)
+            }
         }
-        committed
+    }
+
+    /// Writes every pending task row into the table now (tests, and before a clean stop).
+    #[cfg(test)]
+    pub(super) fn materialize(&self) -> Result<(), StoreError> {
+        self.materializer().flush()
     }
 }
 
@@ -298,6 +293,12 @@ impl Store for PgStore {
     }
 
     fn task(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
+        if let Some(record) = lock(&self.pending.overlay)
+            .row(&id)
+            .map(|row| row.record.clone())
+        {
+            return decode_task(&record).map(Some);
+        }
         let pool = self.pool();
         let record: Option<Vec<u8>> = self.block(async move {
             Ok(
@@ -311,6 +312,9 @@ impl Store for PgStore {
     }
 
     fn payload(&self, id: TaskId) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some(payload) = lock(&self.pending.overlay).payload(&id) {
+            return Ok(Some(payload.to_vec()));
+        }
         let pool = self.pool();
         self.block(async move {
             Ok(
@@ -338,8 +342,24 @@ impl Store for PgStore {
     }
 
     fn payloads(&self, ids: &[TaskId]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let mut held: TaskIdMap<Vec<u8>> = TaskIdMap::default();
+        {
+            let overlay = lock(&self.pending.overlay);
+            for id in ids {
+                if let Some(payload) = overlay.payload(id) {
+                    held.insert(*id, payload.to_vec());
+                }
+            }
+        }
+        if held.len() == ids.len() {
+            return Ok(ids.iter().map(|id| held.remove(id)).collect());
+        }
         let pool = self.pool();
-        let wanted: Vec<Vec<u8>> = ids.iter().map(|&id| id_bytes(id)).collect();
+        let wanted: Vec<Vec<u8>> = ids
+            .iter()
+            .filter(|id| !held.contains_key(id))
+            .map(|&id| id_bytes(id))
+            .collect();
         let rows: Vec<(Vec<u8>, Vec<u8>)> = self.block(async move {
             Ok(
                 sqlx::query_as("SELECT id, payload FROM sluice_tasks WHERE id = ANY($1)")
@@ -351,7 +371,10 @@ impl Store for PgStore {
         let mut found: HashMap<Vec<u8>, Vec<u8>> = rows.into_iter().collect();
         Ok(ids
             .iter()
-            .map(|&id| found.remove(id_bytes(id).as_slice()))
+            .map(|&id| {
+                held.remove(&id)
+                    .or_else(|| found.remove(id_bytes(id).as_slice()))
+            })
             .collect())
     }
 
@@ -411,6 +434,9 @@ impl Store for PgStore {
             query.limit.min(query.scan_budget)
         }
         .max(1);
+        // The overlay is read before the table: a row a round moves into the table meanwhile
+        // is then found in one or both, never in neither.
+        let held = self.held_rows(query, rows_wanted.saturating_add(1));
         let after = query.after.map_or_else(Vec::new, id_bytes);
         let state = query.state.map(state_code);
         // A live state's tasks are found through the index of live tasks; an ended state's in
@@ -432,11 +458,18 @@ impl Store for PgStore {
                 .fetch_all(&pool)
                 .await?)
         })?;
+        let stored = rows
+            .into_iter()
+            .map(|(id, record)| Ok((task_id(&id)?, record)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        // When the table has more rows than were read, the overlay's rows past the last one
+        // read belong to a later page; none is reached here: the loop below examines at most
+        // `rows_wanted`, and the table gave one more than that, all before them in id order.
+        let table_ends = stored.len() < rows_wanted.saturating_add(1);
+        let mut merged = merge(stored, held).peekable();
         let mut page = ListPage::default();
         let mut examined = 0;
-        let mut rows = rows.into_iter().peekable();
-        while let Some((id, record)) = rows.next() {
-            let id = task_id(&id)?;
+        while let Some((id, record)) = merged.next() {
             examined += 1;
             if let Some(record) = record {
                 let task = decode_task(&record)?;
@@ -447,7 +480,7 @@ impl Store for PgStore {
                 }
             }
             if page.tasks.len() >= query.limit || examined >= rows_wanted {
-                if rows.peek().is_some() {
+                if merged.peek().is_some() || !table_ends {
                     page.next_after = Some(id);
                 }
                 break;
@@ -478,6 +511,16 @@ impl Store for PgStore {
     }
 
     fn recover(&self) -> Result<Recovery, StoreError> {
+        // The rows the log still holds go into the table first: a leader's (this one's, or the
+        // one before's) commits whose rows were not yet written when it failed or stopped.
+        if self.is_leading() {
+            self.materializer().replay()?;
+        } else if self.wal_holds_records()? {
+            return Err(StoreError::Failed(
+                "the write-ahead log holds rows only the leader may write: take the lease first"
+                    .into(),
+            ));
+        }
         let pool = self.pool();
         let terminal = codes(State::ALL.into_iter().filter(|s| s.is_terminal()));
         let queued = state_code(State::Queued);
@@ -566,19 +609,36 @@ impl Store for PgStore {
         let id_bound = id_bytes(TaskId::from_u128(u128::from(cutoff_ms) << 80));
         let max = i64::try_from(max_tasks).unwrap_or(i64::MAX);
         let pool = self.pool();
+        // No round writes meanwhile, and a task the overlay holds a newer row for is passed
+        // over: the table's row is not the task as it is (a later pass removes it).
+        let _round = lock(&self.pending.rounds);
+        let pending = self.pending.clone();
         let (removed, event_blocks, worker_rows) = self.block(async move {
             let mut tx = pool.begin().await?;
             check_epoch(&mut tx, epoch).await?;
-            let removed: Vec<(i16, Option<String>, Vec<u8>)> = sqlx::query_as(
-                "DELETE FROM sluice_tasks WHERE id IN (SELECT id FROM sluice_tasks \
+            let candidates: Vec<Vec<u8>> = sqlx::query_scalar(
+                "SELECT id FROM sluice_tasks \
                  WHERE state = ANY($1) AND id < $2 AND updated_at_ms < $3 \
-                 AND NOT callback_pending AND NOT holds_place ORDER BY id LIMIT $4) \
-                 RETURNING state, idempotency_key, id",
+                 AND NOT callback_pending AND NOT holds_place ORDER BY id LIMIT $4",
             )
             .bind(&ended)
             .bind(&id_bound)
             .bind(int8(cutoff_ms))
             .bind(max)
+            .fetch_all(&mut *tx)
+            .await?;
+            let unheld: Vec<Vec<u8>> = {
+                let overlay = lock(&pending.overlay);
+                candidates
+                    .into_iter()
+                    .filter(|id| task_id(id).is_ok_and(|id| !overlay.contains(&id)))
+                    .collect()
+            };
+            let removed: Vec<(i16, Option<String>, Vec<u8>)> = sqlx::query_as(
+                "DELETE FROM sluice_tasks WHERE id = ANY($1) \
+                 RETURNING state, idempotency_key, id",
+            )
+            .bind(&unheld)
             .fetch_all(&mut *tx)
             .await?;
             let (keys, key_tasks): (Vec<String>, Vec<Vec<u8>>) = removed
@@ -615,6 +675,74 @@ impl Store for PgStore {
             || worker_rows >= MAX_LOG_ENTRIES as usize;
         Ok(compacted)
     }
+}
+
+impl PgStore {
+    /// Whether the write-ahead log holds records not yet written into the tables.
+    fn wal_holds_records(&self) -> Result<bool, StoreError> {
+        let pool = self.pool();
+        self.block(async move {
+            Ok(
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM sluice_wal)")
+                    .fetch_one(&pool)
+                    .await?,
+            )
+        })
+    }
+
+    /// The first `count` of the overlay's tasks past `query.after`, in id order, each with its
+    /// record when it is in the state asked for (and without, so the table's older row for it
+    /// is passed over). A page examines at most `count - 1` rows and peeks at one more, so
+    /// later ones are never needed; only the records kept are copied, whatever the overlay
+    /// holds.
+    fn held_rows(&self, query: &ListQuery, count: usize) -> Vec<(TaskId, Option<Vec<u8>>)> {
+        let wanted_state = query.state.map(state_code);
+        let overlay = lock(&self.pending.overlay);
+        let mut held: Vec<(&TaskId, &wal::Row)> = overlay
+            .rows()
+            .filter(|(id, _)| query.after.is_none_or(|after| **id > after))
+            .collect();
+        if held.len() > count {
+            held.select_nth_unstable_by_key(count, |(id, _)| **id);
+            held.truncate(count);
+        }
+        held.sort_unstable_by_key(|(id, _)| **id);
+        held.into_iter()
+            .map(|(id, row)| {
+                let wanted = wanted_state.is_none_or(|state| state == row.state);
+                (*id, wanted.then(|| row.record.clone()))
+            })
+            .collect()
+    }
+}
+
+/// The table's rows and the overlay's, both in id order, as one sequence in id order; where
+/// both have a task, the overlay's row (the newer) stands for it.
+fn merge(
+    stored: Vec<(TaskId, Option<Vec<u8>>)>,
+    held: Vec<(TaskId, Option<Vec<u8>>)>,
+) -> impl Iterator<Item = (TaskId, Option<Vec<u8>>)> {
+    let mut stored = stored.into_iter().peekable();
+    let mut held = held.into_iter().peekable();
+    std::iter::from_fn(move || {
+        let from_held = match (held.peek(), stored.peek()) {
+            (None, None) => return None,
+            (Some((h, _)), Some((s, _))) => h <= s,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+        };
+        if from_held {
+            let next = held.next();
+            if let (Some((h, _)), Some((s, _))) = (&next, stored.peek())
+                && h == s
+            {
+                stored.next();
+            }
+            next
+        } else {
+            stored.next()
+        }
+    })
 }
 
 /// Removes the oldest entries of a log from before the cutoff (at most `MAX_LOG_ENTRIES`),

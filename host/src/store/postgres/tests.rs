@@ -8,7 +8,7 @@ use crate::store::Store;
 use crate::store::{ListPage, ListQuery};
 
 /// A fresh database, dropped at the end of the test.
-struct Scratch(String);
+pub(super) struct Scratch(pub(super) String);
 
 impl Drop for Scratch {
     fn drop(&mut self) {
@@ -16,7 +16,7 @@ impl Drop for Scratch {
     }
 }
 
-fn scratch() -> Option<Scratch> {
+pub(super) fn scratch() -> Option<Scratch> {
     match std::env::var("SLUICE_TEST_POSTGRES") {
         Ok(url) if !url.is_empty() => Some(Scratch(scratch_database(&url, "sluice_unit").unwrap())),
         _ => {
@@ -31,7 +31,7 @@ fn scratch() -> Option<Scratch> {
 }
 
 /// A store on a fresh database that leads it; the database goes with the `Scratch`.
-fn leading_store() -> Option<(Scratch, PgStore)> {
+pub(super) fn leading_store() -> Option<(Scratch, PgStore)> {
     let db = scratch()?;
     let store = PgStore::open(&db.0, &PgOptions::default()).unwrap();
     store.lead("only", "127.0.0.1:1").unwrap();
@@ -46,7 +46,7 @@ fn submission(key: &str) -> Submission {
     spec.into_submission(None, &Limits::default()).unwrap()
 }
 
-fn plan_create(engine: &mut Engine, now_ms: u64, key: &str) -> crate::model::Change {
+pub(super) fn plan_create(engine: &mut Engine, now_ms: u64, key: &str) -> crate::model::Change {
     let submission = submission(key);
     let admission = submission.native_admission(0);
     let change = engine.plan_create(now_ms, u128::from(now_ms), &submission, &admission);
@@ -55,7 +55,7 @@ fn plan_create(engine: &mut Engine, now_ms: u64, key: &str) -> crate::model::Cha
 }
 
 /// `count` new tasks planned one after another, keys `prefix-0`, `prefix-1`, ..., as one change.
-fn plan_creates(engine: &mut Engine, count: u64, prefix: &str) -> crate::model::Change {
+pub(super) fn plan_creates(engine: &mut Engine, count: u64, prefix: &str) -> crate::model::Change {
     let mut change = crate::model::Change::default();
     for n in 0..count {
         change.merge(plan_create(engine, 1_000 + n, &format!("{prefix}-{n}")));
@@ -64,7 +64,7 @@ fn plan_creates(engine: &mut Engine, count: u64, prefix: &str) -> crate::model::
 }
 
 /// Ends `store`'s lease at once, as if it had not renewed it for `LEASE_MS`.
-fn expire_lease(store: &PgStore) {
+pub(super) fn expire_lease(store: &PgStore) {
     let pool = store.pool();
     store
         .block(async move {
@@ -222,6 +222,8 @@ fn listing_by_state_examines_at_most_its_budget_and_state_changes_are_hot_update
         ids.push(change.writes[0].task.id);
         store.commit(&change).unwrap();
     }
+    // The rows in the table, so the state changes below are updates of them.
+    store.materialize().unwrap();
     for (n, &id) in ids.iter().enumerate().filter(|(n, _)| n % 3 == 0) {
         let task = store.task(id).unwrap().unwrap();
         let to = if n == 9 {
@@ -240,6 +242,7 @@ fn listing_by_state_examines_at_most_its_budget_and_state_changes_are_hot_update
         store.commit(&change).unwrap();
     }
     store.sync().unwrap();
+    store.materialize().unwrap();
     let query = |state, after, limit, scan_budget| ListQuery {
         state,
         kind: None,
@@ -344,22 +347,26 @@ fn a_commit_encoded_ahead_writes_what_a_plain_commit_does() {
 
 /// What the server's statistics count for the task table.
 #[derive(Debug, sqlx::FromRow)]
-struct TableCounts {
-    updates: i64,
-    hot_updates: i64,
-    index_scans: i64,
+pub(super) struct TableCounts {
+    pub(super) inserts: i64,
+    pub(super) updates: i64,
+    pub(super) hot_updates: i64,
+    pub(super) index_scans: i64,
 }
 
 /// The task table's counts once `enough` holds of them (they arrive within a second or so of
 /// each transaction), or after 20 s.
-fn task_table_counts(store: &PgStore, enough: impl Fn(&TableCounts) -> bool) -> TableCounts {
+pub(super) fn task_table_counts(
+    store: &PgStore,
+    enough: impl Fn(&TableCounts) -> bool,
+) -> TableCounts {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let pool = store.pool();
         let counts: TableCounts = store
             .block(async move {
                 Ok(sqlx::query_as(
-                    "SELECT n_tup_upd AS updates, n_tup_hot_upd AS hot_updates, \
+                    "SELECT n_tup_ins AS inserts, n_tup_upd AS updates, n_tup_hot_upd AS hot_updates, \
                      coalesce(idx_scan, 0) AS index_scans \
                      FROM pg_stat_user_tables WHERE relname = 'sluice_tasks'",
                 )
@@ -374,9 +381,10 @@ fn task_table_counts(store: &PgStore, enough: impl Fn(&TableCounts) -> bool) -> 
     }
 }
 
-/// Migration 0006: the commit function keeps its plan, and that plan finds changed rows through
-/// the primary key even while the table is small enough that a fresh plan would read it whole
-/// (a plan kept from then would read it whole for every group once it is large).
+/// Migrations 0006 and 0007: the function that writes task rows (the materializer's now) keeps
+/// its plan, and that plan finds changed rows through the primary key even while the table is
+/// small enough that a fresh plan would read it whole (a plan kept from then would read it
+/// whole for every round once it is large).
 #[test]
 fn commits_find_changed_rows_through_the_primary_key_on_a_small_table() {
     let Some((_db, store)) = leading_store() else {
@@ -386,6 +394,7 @@ fn commits_find_changed_rows_through_the_primary_key_on_a_small_table() {
     let created = plan_creates(&mut engine, 20, "small");
     store.commit(&created).unwrap();
     store.sync().unwrap();
+    store.materialize().unwrap();
     let before = task_table_counts(&store, |_| true).index_scans;
     // Six commits of three claimed tasks each, as groups carry several.
     let mut updated = 0;
@@ -400,6 +409,8 @@ fn commits_find_changed_rows_through_the_primary_key_on_a_small_table() {
         }
         updated += group.writes.len() as i64;
         store.commit(&group).unwrap();
+        // A round each, as rounds come apart under load.
+        store.materialize().unwrap();
     }
     // Each changed row was found through the primary key: one index probe a row (a plan that
     // read the table whole would make none).
