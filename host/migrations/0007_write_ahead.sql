@@ -118,3 +118,21 @@ ALTER FUNCTION sluice_apply SET enable_mergejoin = off;
 -- `sluice_commit` (migration 0002) stays, unused by this version: a leader of the version
 -- before keeps committing through it during a rolling upgrade until a replica of this one
 -- takes over (its log is empty then, and the tables are as that leader left them).
+
+-- The other way round is refused: a replica of a version before this one does not read the
+-- write-ahead log, so if it took over from a leader of this version the rows still in the log
+-- would be lost to it. Taking the lease (the epoch moving on) must say that the taker reads
+-- the log (`sluice.write_ahead` set to on in its transaction); older replicas never do, so
+-- they keep following, and an operator sees why in their logs. SQLSTATE SL003.
+CREATE FUNCTION sluice_leader_takeover_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.epoch IS DISTINCT FROM OLD.epoch
+       AND coalesce(current_setting('sluice.write_ahead', true), '') <> 'on' THEN
+        RAISE EXCEPTION 'this replica cannot lead: the store has a write-ahead log (migration 7) that its version does not read; upgrade it'
+            USING ERRCODE = 'SL003';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER sluice_leader_takeover_guard BEFORE UPDATE ON sluice_leader
+    FOR EACH ROW EXECUTE FUNCTION sluice_leader_takeover_guard();

@@ -68,6 +68,12 @@ impl PgStore {
         let pool = self.engine_pool();
         let (holder, address) = (holder.to_owned(), address.to_owned());
         self.block(async move {
+            let mut tx = pool.begin().await?;
+            // The takeover guard (migration 0007) lets only a replica that reads the
+            // write-ahead log take the lease.
+            sqlx::query("SELECT set_config('sluice.write_ahead', 'on', true)")
+                .execute(&mut *tx)
+                .await?;
             let epoch: Option<i64> = sqlx::query_scalar(
                 "UPDATE sluice_leader SET holder = $1, address = $2, epoch = epoch + 1, \
                  expires_at = now() + $3 * interval '1 millisecond' \
@@ -76,8 +82,9 @@ impl PgStore {
             .bind(holder)
             .bind(address)
             .bind(int8(LEASE_MS))
-            .fetch_optional(&pool)
+            .fetch_optional(&mut *tx)
             .await?;
+            tx.commit().await?;
             epoch.map(|e| uint8(e, "leader lease")).transpose()
         })
     }

@@ -295,3 +295,40 @@ fn a_round_written_a_second_time_leaves_the_rows_it_wrote() {
         Some(created.new_tasks[2].payload_json.clone())
     );
 }
+
+/// A replica of a version before the write-ahead log would not read it: its takeover (the
+/// statement that version sends, without saying it reads the log) is refused by the database,
+/// so the rows pending in the log are never lost to it; a replica of this version takes over.
+#[test]
+fn a_replica_that_does_not_read_the_write_ahead_log_cannot_take_the_lease() {
+    let Some(db) = scratch() else { return };
+    let old = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    old.lead("dies", "127.0.0.1:1").unwrap();
+    let rounds = old.pending.rounds.lock().unwrap();
+    let created = plan_creates(&mut Engine::default(), 2, "guarded");
+    old.commit(&created).unwrap();
+    old.sync().unwrap();
+    expire_lease(&old);
+
+    let follower = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    let pool = follower.pool();
+    let refused = follower.block(async move {
+        Ok(sqlx::query_scalar::<_, i64>(
+            "UPDATE sluice_leader SET holder = 'older', address = '127.0.0.1:3', \
+             epoch = epoch + 1, expires_at = now() + interval '10 seconds' \
+             WHERE id = 1 AND expires_at <= now() RETURNING epoch",
+        )
+        .fetch_optional(&pool)
+        .await?)
+    });
+    let Err(StoreError::Backend(error)) = refused else {
+        panic!("an older replica's takeover went through: {refused:?}");
+    };
+    assert!(error.to_string().contains("write-ahead log"), "{error}");
+    assert_eq!(follower.leader().unwrap().holder, "dies");
+
+    follower.lead("new", "127.0.0.1:2").unwrap();
+    follower.recover().unwrap();
+    assert_eq!(count(&follower, "SELECT count(*) FROM sluice_tasks"), 2);
+    drop(rounds);
+}
