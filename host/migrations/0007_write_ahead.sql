@@ -20,6 +20,21 @@ EXCEPTION WHEN feature_not_supported OR syntax_error THEN
 END
 $$;
 
+-- The fence of the functions below: fails with SQLSTATE SL001 unless the lease is still at the
+-- caller's epoch, and holds the lease row locked until the caller's transaction ends, so a
+-- takeover waits for that transaction to finish.
+CREATE FUNCTION sluice_fence(fencing_epoch bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    current_epoch bigint;
+BEGIN
+    SELECT epoch INTO current_epoch FROM sluice_leader WHERE id = 1 FOR SHARE;
+    IF current_epoch IS DISTINCT FROM fencing_epoch THEN
+        RAISE EXCEPTION 'deposed: the leader lease is at epoch %, this replica led under %',
+            current_epoch, fencing_epoch USING ERRCODE = 'SL001';
+    END IF;
+END
+$$;
+
 -- One group commit as one call: the fence, the log record, the keys, the event block and the
 -- worker log, in one round trip and one asynchronously committed transaction (the flusher's
 -- next synchronous write makes it durable). Returns the record's id (0 with no rows).
@@ -33,16 +48,10 @@ CREATE FUNCTION sluice_log_commit(
     worker_seqs int8[], worker_times int8[], worker_bytes bytea[]
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-    current_epoch bigint;
     wal_id bigint := 0;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    -- Locked until the transaction ends, so a takeover waits for this commit to finish.
-    SELECT epoch INTO current_epoch FROM sluice_leader WHERE id = 1 FOR SHARE;
-    IF current_epoch IS DISTINCT FROM fencing_epoch THEN
-        RAISE EXCEPTION 'deposed: the leader lease is at epoch %, this replica led under %',
-            current_epoch, fencing_epoch USING ERRCODE = 'SL001';
-    END IF;
+    PERFORM sluice_fence(fencing_epoch);
     IF wal_rows IS NOT NULL THEN
         INSERT INTO sluice_wal (rows) VALUES (wal_rows) RETURNING id INTO wal_id;
     END IF;
@@ -77,15 +86,9 @@ CREATE FUNCTION sluice_apply(
     changed_queue_entries bytea[], changed_callbacks_pending bool[], changed_holding bool[],
     changed_updated_at_ms int8[]
 ) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    current_epoch bigint;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    SELECT epoch INTO current_epoch FROM sluice_leader WHERE id = 1 FOR SHARE;
-    IF current_epoch IS DISTINCT FROM fencing_epoch THEN
-        RAISE EXCEPTION 'deposed: the leader lease is at epoch %, this replica led under %',
-            current_epoch, fencing_epoch USING ERRCODE = 'SL001';
-    END IF;
+    PERFORM sluice_fence(fencing_epoch);
     IF cardinality(new_ids) > 0 THEN
         INSERT INTO sluice_tasks (id, state, record, payload, queue_entry, idempotency_key,
                                   callback_pending, holds_place, updated_at_ms)

@@ -7,7 +7,7 @@
 
 use super::overlay::{Generation, Overlay};
 use super::wal::{self, Row};
-use super::{Leadership, corrupt, fail_with, int8, run_on};
+use super::{Leadership, corrupt, fail_with, fenced_call_error, int8, run_on};
 use crate::model::TaskId;
 use crate::store::StoreError;
 use sqlx::PgPool;
@@ -141,7 +141,7 @@ pub(super) async fn apply(
             None => updates.push(*id, row),
         }
     }
-    let called = sqlx::query(
+    sqlx::query(
         "SELECT sluice_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
          $15, $16, $17, $18)",
     )
@@ -164,14 +164,9 @@ pub(super) async fn apply(
     .bind(&updates.holding)
     .bind(&updates.updated_at_ms)
     .execute(pool)
-    .await;
-    match called {
-        Ok(_) => Ok(()),
-        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("SL001") => {
-            Err(StoreError::Failed(error.message().to_owned()))
-        }
-        Err(other) => Err(other.into()),
-    }
+    .await
+    .map_err(fenced_call_error)?;
+    Ok(())
 }
 
 /// What the materializer's rounds need of the store.

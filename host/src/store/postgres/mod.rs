@@ -109,6 +109,17 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+/// The error of a call through the fence (`sluice_fence`, migration 0007): a deposed leader's
+/// (SQLSTATE SL001) stops the store; any other travels as it is.
+fn fenced_call_error(error: sqlx::Error) -> StoreError {
+    match error {
+        sqlx::Error::Database(error) if error.code().as_deref() == Some("SL001") => {
+            StoreError::Failed(error.message().to_owned())
+        }
+        other => other.into(),
+    }
+}
+
 pub(super) fn corrupt(what: &'static str, detail: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt {
         what,

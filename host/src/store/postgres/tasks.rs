@@ -5,7 +5,7 @@ use super::events::{self, Block};
 use super::leader::check_epoch;
 use super::materializer::lock;
 use super::wal::{self, Row};
-use super::{PgStore, corrupt, int8, uint8};
+use super::{PgStore, corrupt, fenced_call_error, int8, uint8};
 use crate::model::{
     Change, Event, KeyRecord, QueueEntry, Recovery, State, Task, TaskId, TaskIdMap, WorkerEvent,
 };
@@ -176,7 +176,7 @@ async fn write(
     epoch: u64,
     planned: Planned,
 ) -> Result<(i64, Vec<(TaskId, Row)>), StoreError> {
-    let called: Result<i64, sqlx::Error> = sqlx::query_scalar(
+    let wal_id: i64 = sqlx::query_scalar(
         "SELECT sluice_log_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(int8(epoch))
@@ -193,14 +193,9 @@ async fn write(
     .bind(&planned.worker_times)
     .bind(&planned.worker_bytes)
     .fetch_one(pool)
-    .await;
-    match called {
-        Ok(wal_id) => Ok((wal_id, planned.rows)),
-        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("SL001") => {
-            Err(StoreError::Failed(error.message().to_owned()))
-        }
-        Err(other) => Err(other.into()),
-    }
+    .await
+    .map_err(fenced_call_error)?;
+    Ok((wal_id, planned.rows))
 }
 
 impl PgStore {
