@@ -233,6 +233,59 @@ async fn a_claim_is_answered_once_written_and_a_report_once_synced() {
     scheduler.shutdown().await;
 }
 
+/// A client that reads after its answer sees what its request changed: the writer publishes
+/// its snapshot before a group's answers can go out. Here the writer is kept from returning
+/// after the claim's answer (the flusher is held in a sync and its one-slot queue is full), so
+/// a snapshot published after the group would still show the task queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_shows_a_claim_by_the_time_it_is_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FlakyStore::new(dir.path()));
+    let options = SchedulerOptions {
+        queue_capacity: 1,
+        tick_ms: 3_600_000,
+        ..SchedulerOptions::default()
+    };
+    let scheduler = Arc::new(start_with(store.clone(), &options));
+    worker_and_tasks(&scheduler, "w", 1).await;
+
+    store.hold_syncs(true);
+    let submit = |n: i32| {
+        let scheduler = scheduler.clone();
+        tokio::spawn(async move {
+            scheduler
+                .submit_many(vec![submission(None, serde_json::json!(n))])
+                .await
+        })
+    };
+    let first = submit(1);
+    let synced_before = store.syncs_held.arrivals();
+    until("the flusher to wait in a sync", || {
+        store.syncs_held.arrivals() > synced_before
+    })
+    .await;
+    let second = submit(2);
+    until_in_state(&scheduler, State::Queued, 3).await;
+
+    let claim = scheduler.claim("w".into(), 1, None);
+    let claimed = tokio::time::timeout(std::time::Duration::from_secs(10), claim)
+        .await
+        .expect("the claim waited for a sync")
+        .unwrap();
+    assert_eq!(claimed.claimed.leases.len(), 1);
+    assert_eq!(
+        scheduler.snapshot().tasks_by_state[&State::Claimed],
+        1,
+        "the claim was answered before the snapshot showed it"
+    );
+
+    store.hold_syncs(false);
+    for submitted in [first, second] {
+        submitted.await.unwrap().unwrap()[0].as_ref().unwrap();
+    }
+    scheduler.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_claim_brings_the_payloads_the_writer_holds_and_the_store_gives_the_rest() {
     let dir = tempfile::tempdir().unwrap();

@@ -369,8 +369,13 @@ impl Writer {
                 };
                 open = self.handle(command, &mut group);
             }
+            // Published before the group goes to be committed: its answers can reach their
+            // clients (from the flusher or the committer) before this thread runs again, and a
+            // client that reads after its answer must see what its request changed (a claimed
+            // task's concurrency key counted as running, say). A failed commit resyncs and
+            // publishes again.
+            self.publish_snapshot();
             self.finish(group);
-            self.snapshot.store(Arc::new(self.engine.snapshot()));
             if !open {
                 break;
             }
@@ -677,7 +682,6 @@ impl Writer {
         }
         pipeline.reset();
         self.resync();
-        self.snapshot.store(Arc::new(self.engine.snapshot()));
         for refused in std::mem::take(&mut self.refused) {
             refused.answer();
         }
@@ -698,6 +702,13 @@ impl Writer {
             }
             Err(error) => tracing::error!(%error, "cannot re-read the store after a failed commit"),
         }
+        self.publish_snapshot();
+    }
+
+    /// What the engine holds now, for readers outside this thread (status, metrics, a queued
+    /// task's waiting reason).
+    fn publish_snapshot(&self) {
+        self.snapshot.store(Arc::new(self.engine.snapshot()));
     }
 
     /// Takes the policies' bucket weights and admits the tasks that were durable but not
@@ -731,7 +742,7 @@ impl Writer {
                 sender.send_replace(last.seq);
             }
         }
-        self.snapshot.store(Arc::new(self.engine.snapshot()));
+        self.publish_snapshot();
         Ok(())
     }
 }
