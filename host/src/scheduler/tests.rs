@@ -249,6 +249,8 @@ async fn the_snapshot_shows_a_claim_by_the_time_it_is_answered() {
     let scheduler = Arc::new(start_with(store.clone(), &options));
     worker_and_tasks(&scheduler, "w", 1).await;
 
+    // Counted before the first submission goes in: the flusher may reach its sync at once.
+    let synced_before = store.syncs_held.arrivals();
     store.hold_syncs(true);
     let submit = |n: i32| {
         let scheduler = scheduler.clone();
@@ -259,7 +261,6 @@ async fn the_snapshot_shows_a_claim_by_the_time_it_is_answered() {
         })
     };
     let first = submit(1);
-    let synced_before = store.syncs_held.arrivals();
     until("the flusher to wait in a sync", || {
         store.syncs_held.arrivals() > synced_before
     })
