@@ -189,9 +189,9 @@ async fn worker_and_tasks(scheduler: &Scheduler, worker: &str, tasks: usize) {
     }
 }
 
-/// Waits until the writer has committed a group that leaves `count` tasks in `state`: the
-/// snapshot it stores after each group says so. Bounded, so a bug fails the test instead of
-/// hanging it.
+/// Waits until the writer has planned a group that leaves `count` tasks in `state`: the
+/// snapshot it publishes as each group goes to be committed says so. Bounded, so a bug fails
+/// the test instead of hanging it.
 async fn until_in_state(scheduler: &Scheduler, state: State, count: u64) {
     for _ in 0..5_000 {
         if scheduler.snapshot().tasks_by_state[&state] >= count {
