@@ -6,9 +6,11 @@
 
 use super::Command;
 use super::flusher::Delivery;
+use crate::engine::Snapshot;
 use crate::model::{Change, KeyRecord, Task, TaskId, TaskIdMap};
 use crate::store::{PreparedCommit, Store, StoreError};
 use crate::telemetry::TaskMetrics;
+use arc_swap::ArcSwap;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -26,6 +28,10 @@ pub(super) struct Job {
     /// `change` as the store encoded it ahead, on the writer's thread, while the group before
     /// it was being committed.
     pub prepared: Option<PreparedCommit>,
+    /// What the engine holds with this group planned: published once the commit is written,
+    /// so readers never see what the store may yet refuse, and before any answer goes out, so
+    /// a client that reads after its answer sees what its request changed.
+    pub snapshot: Arc<Snapshot>,
     /// Answered once the commit is written, before a sync covers it.
     pub written: Vec<Delivery>,
     /// Sent to the flusher once committed (the answers, callbacks and signals that wait for
@@ -33,12 +39,14 @@ pub(super) struct Job {
     pub after_sync: Delivery,
 }
 
-/// Commits `job`'s change and passes it on: its written answers at once, the rest to the
-/// flusher. When the commit fails the job comes back with the error, unanswered.
+/// Commits `job`'s change and passes it on: its snapshot to `published`, its written answers
+/// at once, the rest to the flusher. When the commit fails the job comes back with the error,
+/// unanswered, and the snapshot is not published (the writer rebuilds and publishes its own).
 pub(super) fn commit(
     store: &dyn Store,
     flusher: &SyncSender<Delivery>,
     metrics: &TaskMetrics,
+    published: &ArcSwap<Snapshot>,
     mut job: Job,
 ) -> Result<(), Refused> {
     let committed = match job.prepared.take() {
@@ -49,6 +57,7 @@ pub(super) fn commit(
     match committed {
         Ok(()) => {
             metrics.observe(&job.change);
+            published.store(job.snapshot.clone());
             for delivery in job.written {
                 delivery(Ok(()));
             }
@@ -121,6 +130,7 @@ impl Pipeline {
         store: Arc<dyn Store>,
         flusher: SyncSender<Delivery>,
         metrics: Arc<TaskMetrics>,
+        published: Arc<ArcSwap<Snapshot>>,
         wake: Option<WeakSender<Command>>,
     ) -> std::io::Result<Pipeline> {
         // Room for every group in flight and a reset behind them, so sending never blocks.
@@ -130,6 +140,7 @@ impl Pipeline {
             store,
             flusher,
             metrics,
+            published,
             done: done_tx,
             wake,
         };
@@ -221,6 +232,7 @@ struct Committer {
     store: Arc<dyn Store>,
     flusher: SyncSender<Delivery>,
     metrics: Arc<TaskMetrics>,
+    published: Arc<ArcSwap<Snapshot>>,
     done: std::sync::mpsc::Sender<Done>,
     wake: Option<WeakSender<Command>>,
 }
@@ -244,7 +256,14 @@ impl Committer {
                     job: Box::new(job),
                     error: error.clone(),
                 }),
-                None => commit(self.store.as_ref(), &self.flusher, &self.metrics, job).err(),
+                None => commit(
+                    self.store.as_ref(),
+                    &self.flusher,
+                    &self.metrics,
+                    &self.published,
+                    job,
+                )
+                .err(),
             };
             if let Some(refused) = &refused {
                 refusing.get_or_insert_with(|| refused.error.clone());

@@ -287,6 +287,81 @@ async fn the_snapshot_shows_a_claim_by_the_time_it_is_answered() {
     scheduler.shutdown().await;
 }
 
+/// Readers of the snapshot (stats, status, metrics) see a group only once the store has taken
+/// its commit: while the commit waits they see what was there before, and a commit the store
+/// refuses is never shown. Inline (the embedded store) and through the committer's pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_shows_a_group_only_once_its_commit_is_written() {
+    for remote in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(if remote {
+            FlakyStore::remote(dir.path())
+        } else {
+            FlakyStore::new(dir.path())
+        });
+        let scheduler = Arc::new(start(store.clone()));
+        worker_and_tasks(&scheduler, "w", 1).await;
+        let queued = |scheduler: &Scheduler| {
+            let snapshot = scheduler.snapshot();
+            snapshot
+                .tasks_by_state
+                .get(&State::Queued)
+                .copied()
+                .unwrap_or(0)
+        };
+        assert_eq!(queued(&scheduler), 1);
+
+        let submit = || {
+            let scheduler = scheduler.clone();
+            tokio::spawn(async move {
+                scheduler
+                    .submit_many(vec![submission(None, serde_json::json!("late"))])
+                    .await
+            })
+        };
+        // A commit that waits: the group is planned, the snapshot still shows one task.
+        let arrived = store.commits_held.arrivals();
+        store.commits_held.hold(true);
+        let waiting = submit();
+        until("the commit to wait", || {
+            store.commits_held.arrivals() > arrived
+        })
+        .await;
+        assert_eq!(
+            queued(&scheduler),
+            1,
+            "remote {remote}: shown before its commit"
+        );
+        store.commits_held.hold(false);
+        waiting.await.unwrap().unwrap()[0].as_ref().unwrap();
+        assert_eq!(queued(&scheduler), 2, "remote {remote}");
+
+        // A commit that fails: never shown, before or after.
+        store.fail_commits.store(true, Ordering::SeqCst);
+        let arrived = store.commits_held.arrivals();
+        store.commits_held.hold(true);
+        let refused = submit();
+        until("the commit to wait", || {
+            store.commits_held.arrivals() > arrived
+        })
+        .await;
+        assert_eq!(
+            queued(&scheduler),
+            2,
+            "remote {remote}: a refused group shown"
+        );
+        store.commits_held.hold(false);
+        let answers = refused.await.unwrap();
+        assert!(
+            answers.is_err() || answers.unwrap()[0].is_err(),
+            "remote {remote}: the refused submission was answered as accepted"
+        );
+        assert_eq!(queued(&scheduler), 2, "remote {remote}");
+        store.fail_commits.store(false, Ordering::SeqCst);
+        scheduler.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn a_claim_brings_the_payloads_the_writer_holds_and_the_store_gives_the_rest() {
     let dir = tempfile::tempdir().unwrap();

@@ -266,7 +266,8 @@ impl Writer {
         if self.store.is_remote() {
             let (store, flusher) = (self.store.clone(), self.flusher.clone());
             let wake = self.wake.clone();
-            match Pipeline::start(store, flusher, self.metrics.clone(), wake) {
+            let published = self.snapshot.clone();
+            match Pipeline::start(store, flusher, self.metrics.clone(), published, wake) {
                 Ok(pipeline) => {
                     self.pipeline = Some(pipeline);
                     self.max_group_writes = MAX_REMOTE_GROUP_TASKS;
@@ -369,12 +370,6 @@ impl Writer {
                 };
                 open = self.handle(command, &mut group);
             }
-            // Published before the group goes to be committed: its answers can reach their
-            // clients (from the flusher or the committer) before this thread runs again, and a
-            // client that reads after its answer must see what its request changed (a claimed
-            // task's concurrency key counted as running, say). A failed commit resyncs and
-            // publishes again.
-            self.publish_snapshot();
             self.finish(group);
             if !open {
                 break;
@@ -627,13 +622,19 @@ impl Writer {
             number: self.groups_planned,
             change: group.change,
             prepared: None,
+            // Taken now, with the group planned; the commit publishes it (see `Job::snapshot`).
+            snapshot: Arc::new(self.engine.snapshot()),
             written: group.written,
             after_sync,
         };
         let Some(pipeline) = &mut self.pipeline else {
-            if let Err(refused) =
-                committer::commit(self.store.as_ref(), &self.flusher, &self.metrics, job)
-            {
+            if let Err(refused) = committer::commit(
+                self.store.as_ref(),
+                &self.flusher,
+                &self.metrics,
+                &self.snapshot,
+                job,
+            ) {
                 self.resync();
                 refused.answer();
             }
