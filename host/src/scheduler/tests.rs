@@ -44,7 +44,8 @@ impl Gate {
 /// `fail_commits` is set, `sync` waits while `syncs_held` is, `check_space` while
 /// `space_held` is, and a read of keys ahead answers (having read) once `key_reads_held` is
 /// not. `remote` makes it say it is across the network, so the writer commits through its
-/// pipeline and reads keys ahead.
+/// pipeline and reads keys ahead; there it counts the groups of submissions handed over
+/// (`submission_groups_planned`), which tells a test a group is planned while commits wait.
 struct FlakyStore {
     inner: SledStore,
     fail_commits: AtomicBool,
@@ -55,6 +56,8 @@ struct FlakyStore {
     remote: bool,
     /// Payloads read so far.
     payload_reads: std::sync::atomic::AtomicUsize,
+    /// Groups with new tasks encoded ahead (`prepare_commit`), on the pipelined path.
+    submission_groups_planned: std::sync::atomic::AtomicUsize,
 }
 
 impl FlakyStore {
@@ -68,6 +71,7 @@ impl FlakyStore {
             key_reads_held: Gate::default(),
             remote: false,
             payload_reads: Default::default(),
+            submission_groups_planned: Default::default(),
         }
     }
 
@@ -86,6 +90,16 @@ impl FlakyStore {
 impl Store for FlakyStore {
     fn is_remote(&self) -> bool {
         self.remote
+    }
+    fn prepare_commit(
+        &self,
+        change: &Change,
+    ) -> Result<Option<crate::store::PreparedCommit>, StoreError> {
+        if !change.new_tasks.is_empty() {
+            self.submission_groups_planned
+                .fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.prepare_commit(change)
     }
     fn commit(&self, change: &Change) -> Result<(), StoreError> {
         self.commits_held.pass();
@@ -189,9 +203,9 @@ async fn worker_and_tasks(scheduler: &Scheduler, worker: &str, tasks: usize) {
     }
 }
 
-/// Waits until the writer has planned a group that leaves `count` tasks in `state`: the
-/// snapshot it publishes as each group goes to be committed says so. Bounded, so a bug fails
-/// the test instead of hanging it.
+/// Waits until a group that leaves `count` tasks in `state` is committed: the snapshot is
+/// published once the commit is written, before its answers. Bounded, so a bug fails the
+/// test instead of hanging it.
 async fn until_in_state(scheduler: &Scheduler, state: State, count: u64) {
     for _ in 0..5_000 {
         if scheduler.snapshot().tasks_by_state[&state] >= count {
@@ -422,8 +436,12 @@ async fn a_key_that_lands_while_its_read_ahead_is_out_is_still_found() {
     };
 
     store.commits_held.hold(true);
+    let arrived = store.commits_held.arrivals();
     let first = submit("k");
-    until_in_state(&scheduler, State::Queued, 1).await;
+    until("the first submission's commit waits", || {
+        store.commits_held.arrivals() > arrived
+    })
+    .await;
     // The writer takes a heartbeat and stops before planning it, so that the submission and
     // the claim sent next wait in its inbox together and are taken in one go.
     store.space_held.hold(true);
@@ -641,12 +659,16 @@ async fn a_group_behind_a_failed_commit_is_refused_and_the_engine_rebuilt() {
                 .await
         })
     };
+    let planned = |groups: usize| {
+        let store = store.clone();
+        move || store.submission_groups_planned.load(Ordering::SeqCst) >= groups
+    };
+    let before = store.submission_groups_planned.load(Ordering::SeqCst);
     let first = submit("first");
-    // Planned (the snapshot is stored once a group is handed over), so the next submission
-    // goes into a group of its own behind it.
-    until_in_state(&scheduler, State::Queued, 2).await;
+    // Planned and handed over, so the next submission goes into a group of its own behind it.
+    until("the first group is planned", planned(before + 1)).await;
     let second = submit("second");
-    until_in_state(&scheduler, State::Queued, 3).await;
+    until("the second group is planned", planned(before + 2)).await;
     store.fail_commits.store(true, Ordering::SeqCst);
     store.commits_held.hold(false);
     let (first, second) = (first.await.unwrap(), second.await.unwrap());
