@@ -325,52 +325,39 @@ async fn the_snapshot_shows_a_group_only_once_its_commit_is_written() {
         };
         assert_eq!(queued(&scheduler), 1);
 
-        let submit = || {
-            let scheduler = scheduler.clone();
-            tokio::spawn(async move {
-                scheduler
-                    .submit_many(vec![submission(None, serde_json::json!("late"))])
-                    .await
+        // A commit that waits, then is written: shown only once written. Then one that waits,
+        // then fails: never shown, before or after.
+        for (fails, shown) in [(false, 2), (true, 2)] {
+            store.fail_commits.store(fails, Ordering::SeqCst);
+            let arrived = store.commits_held.arrivals();
+            store.commits_held.hold(true);
+            let submitted = tokio::spawn({
+                let scheduler = scheduler.clone();
+                async move {
+                    scheduler
+                        .submit_many(vec![submission(None, serde_json::json!("late"))])
+                        .await
+                }
+            });
+            until("the commit to wait", || {
+                store.commits_held.arrivals() > arrived
             })
-        };
-        // A commit that waits: the group is planned, the snapshot still shows one task.
-        let arrived = store.commits_held.arrivals();
-        store.commits_held.hold(true);
-        let waiting = submit();
-        until("the commit to wait", || {
-            store.commits_held.arrivals() > arrived
-        })
-        .await;
-        assert_eq!(
-            queued(&scheduler),
-            1,
-            "remote {remote}: shown before its commit"
-        );
-        store.commits_held.hold(false);
-        waiting.await.unwrap().unwrap()[0].as_ref().unwrap();
-        assert_eq!(queued(&scheduler), 2, "remote {remote}");
-
-        // A commit that fails: never shown, before or after.
-        store.fail_commits.store(true, Ordering::SeqCst);
-        let arrived = store.commits_held.arrivals();
-        store.commits_held.hold(true);
-        let refused = submit();
-        until("the commit to wait", || {
-            store.commits_held.arrivals() > arrived
-        })
-        .await;
-        assert_eq!(
-            queued(&scheduler),
-            2,
-            "remote {remote}: a refused group shown"
-        );
-        store.commits_held.hold(false);
-        let answers = refused.await.unwrap();
-        assert!(
-            answers.is_err() || answers.unwrap()[0].is_err(),
-            "remote {remote}: the refused submission was answered as accepted"
-        );
-        assert_eq!(queued(&scheduler), 2, "remote {remote}");
+            .await;
+            let before = shown - u64::from(!fails);
+            let context = format!("remote {remote}, the commit fails {fails}");
+            assert_eq!(
+                queued(&scheduler),
+                before,
+                "{context}: shown before its commit"
+            );
+            store.commits_held.hold(false);
+            let accepted = submitted
+                .await
+                .unwrap()
+                .is_ok_and(|answers| answers[0].is_ok());
+            assert_eq!(accepted, !fails, "{context}");
+            assert_eq!(queued(&scheduler), shown, "{context}");
+        }
         store.fail_commits.store(false, Ordering::SeqCst);
         scheduler.shutdown().await;
     }
