@@ -247,8 +247,8 @@ async fn a_claim_is_answered_once_written_and_a_report_once_synced() {
     scheduler.shutdown().await;
 }
 
-/// A client that reads after its answer sees what its request changed: the writer publishes
-/// its snapshot before a group's answers can go out. Here the writer is kept from returning
+/// A client that reads after its answer sees what its request changed: a group's snapshot is
+/// published with its commit, before its answers can go out. Here the writer is kept from returning
 /// after the claim's answer (the flusher is held in a sync and its one-slot queue is full), so
 /// a snapshot published after the group would still show the task queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
