@@ -380,12 +380,13 @@ impl Store for PgStore {
         let pool = self.engine_pool();
         let wanted: Vec<String> = keys.iter().map(|&key| key.to_owned()).collect();
         let rows: Vec<(String, Vec<u8>, Vec<u8>)> = self.block(async move {
-            Ok(sqlx::query_as(
-                "SELECT key, task_id, fingerprint FROM sluice_keys WHERE key = ANY($1)",
+            // Through the function of migration 0008: an index probe a key at any table size.
+            Ok(
+                sqlx::query_as("SELECT key, task_id, fingerprint FROM sluice_read_keys($1)")
+                    .bind(wanted)
+                    .fetch_all(&pool)
+                    .await?,
             )
-            .bind(wanted)
-            .fetch_all(&pool)
-            .await?)
         })?;
         rows.into_iter()
             .map(|(key, task, fingerprint)| Ok((key, key_record(&task, &fingerprint)?)))
