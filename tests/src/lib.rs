@@ -188,7 +188,7 @@ impl TestStore {
     /// server is configured. With `SLUICE_REQUIRE_POSTGRES=1` (CI) a missing one fails.
     pub fn postgres() -> Option<TestStore> {
         let url = postgres_server()?;
-        let database = sluice::store::postgres::scratch_database(&url, "sluice_test")
+        let database = sluice_store_postgres::scratch_database(&url, "sluice_test")
             .unwrap_or_else(|error| panic!("cannot make a test database on {url}: {error}"));
         Some(TestStore::Postgres(database))
     }
@@ -227,7 +227,7 @@ impl TestStore {
 impl Drop for TestStore {
     fn drop(&mut self) {
         if let TestStore::Postgres(url) = self
-            && let Err(error) = sluice::store::postgres::drop_scratch_database(url)
+            && let Err(error) = sluice_store_postgres::drop_scratch_database(url)
         {
             eprintln!("cannot drop the test database {url}: {error}");
         }

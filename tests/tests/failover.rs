@@ -3,7 +3,7 @@
 //! activated through one replica decides on another at once. PostgreSQL only (skipped with a
 //! line without one).
 
-use sluice::store::{PgOptions, PgStore};
+use sluice_store_postgres::{PgOptions, PgStore};
 use sluice_tests::*;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;

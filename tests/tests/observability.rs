@@ -550,7 +550,7 @@ fn metric_names(expr: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grafana_dashboard_queries_only_metrics_the_server_exports() {
     let dashboard: Value = serde_json::from_str(include_str!(
-        "../../host/assets/grafana/sluice-dashboard.json"
+        "../../host/server/assets/grafana/sluice-dashboard.json"
     ))
     .expect("the dashboard is JSON");
     let dir = tempfile::tempdir().unwrap();

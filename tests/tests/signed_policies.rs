@@ -81,7 +81,7 @@ async fn only_components_signed_by_a_trusted_key_are_stored() {
         &[("SLUICE_ADMIN_TOKEN", ROOT)],
         None,
     );
-    let module = sluice::policy::defaults::by_name("retry-backoff")
+    let module = sluice_policy_runtime::defaults::by_name("retry-backoff")
         .unwrap()
         .to_vec();
     let component = dir.path().join("retry.wasm");
@@ -196,7 +196,7 @@ async fn only_components_signed_by_a_trusted_key_are_stored() {
     let ivf = dir.path().join("split_ivf.wasm");
     std::fs::write(
         &ivf,
-        sluice::policy::defaults::by_name("split-ivf").unwrap(),
+        sluice_policy_runtime::defaults::by_name("split-ivf").unwrap(),
     )
     .unwrap();
     sign(dir.path(), "ops-1", &ivf);

@@ -3,9 +3,9 @@
 //! two differ only in their shells around the engine's step, so any decision made in a shell
 //! alone would show here.
 
-use sluice::engine::{EngineOptions, NativeDecider, Report};
-use sluice::model::{Actor, FailureClass, Heartbeat, Limits, TaskSpec};
-use sluice::sim::Driver;
+use sluice_engine::sim::Driver;
+use sluice_engine::{EngineOptions, NativeDecider, Report};
+use sluice_model::{Actor, FailureClass, Heartbeat, Limits, TaskSpec};
 use sluice_tests::*;
 use std::time::Duration;
 

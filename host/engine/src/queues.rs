@@ -1,0 +1,257 @@
+//! Bucket queues: the tasks waiting in each priority bucket in (rank, id) order, each with
+//! what a claim needs to match it to a worker and what the aging policy reads of it
+//! (`Waiting`, the model's `QueueEntry`); and inside each bucket, one queue per tenant with
+//! the stride-scheduling pass that shares a bucket's claims among its tenants by weight.
+//!
+//! Fair share is stride scheduling: each tenant waiting in a bucket has a pass, and a claim
+//! serves the tenant with the lowest pass that has a task the worker can run, then moves its
+//! pass on by `STRIDE_SCALE / weight`. A tenant that starts waiting starts at the bucket's
+//! virtual time (the pass last served), so it gets its share from its first task on: neither
+//! behind a flood that came before it nor ahead with credit saved while it had nothing to run.
+
+pub use sluice_model::QueueEntry as Waiting;
+use sluice_model::{Priority, TaskId, TaskIdMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// A tenant's pass moves on by this over its weight at each claim: divisible by every weight
+/// up to 16 and large enough that rounding is far below a task for any weight allowed.
+const STRIDE_SCALE: u64 = 720_720 << 20;
+
+/// Weights by tenant name, as a priority policy names them (a tenant not named weighs 1).
+pub type NamedWeights = Vec<(String, u32)>;
+
+/// Fair-share weights by tenant, keyed by the code of the tenant's name (`View::tenant`); a
+/// tenant not named weighs 1.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantWeights {
+    by_code: HashMap<u32, u32>,
+}
+
+impl TenantWeights {
+    pub fn from_names(weights: &[(String, u32)]) -> TenantWeights {
+        TenantWeights {
+            by_code: weights
+                .iter()
+                .map(|(tenant, weight)| (policy_packed::name_code(tenant), (*weight).max(1)))
+                .collect(),
+        }
+    }
+
+    pub fn weight(&self, tenant: u32) -> u32 {
+        self.by_code.get(&tenant).copied().unwrap_or(1)
+    }
+
+    fn stride(&self, tenant: u32) -> u64 {
+        STRIDE_SCALE / u64::from(self.weight(tenant))
+    }
+}
+
+/// One bucket's tenants: their queues and passes.
+#[derive(Debug, Default)]
+struct Tenants {
+    /// Each waiting tenant's tasks in (rank, id) order.
+    queues: HashMap<u32, BTreeSet<(u64, TaskId)>>,
+    /// Each waiting tenant's pass. A tenant with nothing waiting has none.
+    passes: HashMap<u32, u64>,
+    /// The waiting tenants, lowest pass first (ties by code, for determinism).
+    order: BTreeSet<(u64, u32)>,
+    /// The pass of the tenant served last.
+    virtual_time: u64,
+}
+
+impl Tenants {
+    fn push(&mut self, tenant: u32, rank: u64, id: TaskId) {
+        let queue = self.queues.entry(tenant).or_default();
+        if queue.is_empty() {
+            let pass = self.virtual_time;
+            self.passes.insert(tenant, pass);
+            self.order.insert((pass, tenant));
+        }
+        queue.insert((rank, id));
+    }
+
+    fn remove(&mut self, tenant: u32, rank: u64, id: TaskId) {
+        let Some(queue) = self.queues.get_mut(&tenant) else {
+            return;
+        };
+        queue.remove(&(rank, id));
+        if queue.is_empty() {
+            self.queues.remove(&tenant);
+            if let Some(pass) = self.passes.remove(&tenant) {
+                self.order.remove(&(pass, tenant));
+            }
+        }
+    }
+
+    /// Moves `tenant`'s pass on by one claim's stride.
+    fn charge(&mut self, tenant: u32, weights: &TenantWeights) {
+        let Some(pass) = self.passes.get_mut(&tenant) else {
+            return;
+        };
+        self.order.remove(&(*pass, tenant));
+        self.virtual_time = self.virtual_time.max(*pass);
+        *pass = pass.saturating_add(weights.stride(tenant));
+        self.order.insert((*pass, tenant));
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct BucketQueues {
+    order: [BTreeSet<(u64, TaskId)>; 3],
+    tenants: [Tenants; 3],
+    waiting: TaskIdMap<Waiting>,
+}
+
+impl BucketQueues {
+    /// Makes room for `additional` more tasks at once (at start, before a million pushes).
+    pub fn reserve(&mut self, additional: usize) {
+        self.waiting.reserve(additional);
+    }
+
+    /// Queues `entry`, replacing the same task's entry if it was already waiting.
+    pub fn push(&mut self, entry: Waiting) {
+        self.remove(entry.id);
+        let bucket = entry.bucket.index();
+        self.order[bucket].insert((entry.rank, entry.id));
+        self.tenants[bucket].push(entry.view.tenant, entry.rank, entry.id);
+        self.waiting.insert(entry.id, entry);
+    }
+
+    pub fn remove(&mut self, id: TaskId) -> Option<Waiting> {
+        let entry = self.waiting.remove(&id)?;
+        let bucket = entry.bucket.index();
+        self.order[bucket].remove(&(entry.rank, entry.id));
+        self.tenants[bucket].remove(entry.view.tenant, entry.rank, entry.id);
+        Some(entry)
+    }
+
+    pub fn get(&self, id: TaskId) -> Option<&Waiting> {
+        self.waiting.get(&id)
+    }
+
+    pub fn len(&self, bucket: Priority) -> usize {
+        self.order[bucket.index()].len()
+    }
+
+    pub fn total(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// The first task waiting in `bucket`.
+    pub fn front(&self, bucket: Priority) -> Option<TaskId> {
+        self.order[bucket.index()].first().map(|&(_, id)| id)
+    }
+
+    /// The tasks of `bucket`, first in line first.
+    pub fn iter(&self, bucket: Priority) -> impl Iterator<Item = &Waiting> {
+        self.order[bucket.index()]
+            .iter()
+            .filter_map(|(_, id)| self.waiting.get(id))
+    }
+
+    /// The tasks of `bucket` in the order fair share offers them: tenant by tenant, lowest
+    /// pass first, each tenant's tasks first in line first. A claim takes the first that fits.
+    pub fn fair_iter(&self, bucket: Priority) -> impl Iterator<Item = &Waiting> {
+        let tenants = &self.tenants[bucket.index()];
+        tenants
+            .order
+            .iter()
+            .filter_map(|(_, tenant)| tenants.queues.get(tenant))
+            .flat_map(|queue| queue.iter())
+            .filter_map(|(_, id)| self.waiting.get(id))
+    }
+
+    /// A claim served `tenant` in `bucket`: its pass moves on by its stride.
+    pub fn charge(&mut self, bucket: Priority, tenant: u32, weights: &TenantWeights) {
+        self.tenants[bucket.index()].charge(tenant, weights);
+    }
+
+    /// The tenants waiting in `bucket`, with how many tasks each.
+    pub fn tenants(&self, bucket: Priority) -> BTreeMap<u32, usize> {
+        self.tenants[bucket.index()]
+            .queues
+            .iter()
+            .map(|(&tenant, queue)| (tenant, queue.len()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_model::{Limits, TaskSpec};
+
+    fn entry(n: u128, tenant: &str) -> Waiting {
+        let spec: TaskSpec =
+            serde_json::from_value(serde_json::json!({"kind": "k", "tenant": tenant})).unwrap();
+        let submission = spec.into_submission(None, &Limits::default()).unwrap();
+        let engine = crate::Engine::default();
+        let admission = submission.native_admission(n as u64);
+        let change = engine.plan_create(1, n, &submission, &admission);
+        Waiting::of(&change.writes[0].task)
+    }
+
+    /// Serves the bucket `claims` times as a claim would (first offered, then charged).
+    fn serve(queues: &mut BucketQueues, weights: &TenantWeights, claims: usize) -> Vec<u32> {
+        let mut served = Vec::new();
+        for _ in 0..claims {
+            let Some(first) = queues.fair_iter(Priority::Normal).next().cloned() else {
+                break;
+            };
+            queues.charge(Priority::Normal, first.view.tenant, weights);
+            queues.remove(first.id);
+            served.push(first.view.tenant);
+        }
+        served
+    }
+
+    #[test]
+    fn weights_share_the_claims_and_a_newcomer_starts_at_its_share() {
+        let (a, b) = (policy_packed::name_code("a"), policy_packed::name_code("b"));
+        let mut queues = BucketQueues::default();
+        for n in 0..1_000 {
+            queues.push(entry(n, "a"));
+        }
+        let equal = TenantWeights::default();
+        assert!(serve(&mut queues, &equal, 100).iter().all(|&t| t == a));
+        for n in 1_000..1_200 {
+            queues.push(entry(n, "b"));
+        }
+        // From its first task on, b gets every other claim: not after a's backlog. (It starts
+        // a stride behind a, so 21 claims end with the two level.)
+        let next = serve(&mut queues, &equal, 21);
+        assert_eq!(next[0], b);
+        assert_eq!(next.iter().filter(|&&t| t == b).count(), 11, "{next:?}");
+
+        let three_to_one = TenantWeights::from_names(&[("a".into(), 3)]);
+        let served = serve(&mut queues, &three_to_one, 360);
+        let from_a = served.iter().filter(|&&t| t == a).count();
+        assert_eq!((from_a, served.len() - from_a), (270, 90));
+        assert_eq!(queues.tenants(Priority::Normal)[&b], 200 - 11 - 90);
+    }
+
+    #[test]
+    fn a_tenant_that_stops_waiting_keeps_no_credit() {
+        let (a, b) = (policy_packed::name_code("a"), policy_packed::name_code("b"));
+        let weights = TenantWeights::default();
+        let mut queues = BucketQueues::default();
+        for n in 0..100 {
+            queues.push(entry(n, "a"));
+        }
+        queues.push(entry(100, "b"));
+        assert_eq!(serve(&mut queues, &weights, 2).len(), 2);
+        // b emptied its queue after one claim; a was served alone for 50 more.
+        assert_eq!(serve(&mut queues, &weights, 50), vec![a; 50]);
+        queues.push(entry(200, "b"));
+        queues.push(entry(201, "b"));
+        // b comes back at the present, not 50 claims ahead: first, then level with a.
+        let next = serve(&mut queues, &weights, 3);
+        assert_eq!(next[0], b);
+        assert_eq!(next.iter().filter(|&&t| t == b).count(), 2, "{next:?}");
+        assert!(next.contains(&a));
+    }
+}

@@ -1,0 +1,29 @@
+//! Host bindings generated from `wit/policy.wit`, one module per world. Each module has its own
+//! copy of the shared `types` interface; `convert` maps between them where a caller needs to.
+
+pub mod priority {
+    wasmtime::component::bindgen!({ world: "priority-policy", path: "../../wit" });
+}
+
+/// The fairness export a priority component may have beside `priority`: looked up on its
+/// instance, so a component built without it still loads.
+pub mod fairness {
+    wasmtime::component::bindgen!({ world: "fairness-policy", path: "../../wit" });
+}
+
+pub mod aging {
+    wasmtime::component::bindgen!({ world: "aging-policy", path: "../../wit" });
+}
+
+pub mod retry {
+    wasmtime::component::bindgen!({ world: "retry-policy", path: "../../wit" });
+}
+
+pub mod split {
+    // Compared in shadow experiments.
+    wasmtime::component::bindgen!({ world: "split-policy", path: "../../wit", additional_derives: [PartialEq] });
+}
+
+pub mod merge {
+    wasmtime::component::bindgen!({ world: "merge-policy", path: "../../wit" });
+}

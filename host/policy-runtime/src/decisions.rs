@@ -1,0 +1,131 @@
+//! Decisions through the registry: each kind's call packs its records, runs on the active
+//! version's chain (falling back on a fault), and judges the answer before the host uses it.
+
+use super::bindings::aging::exports::sluice::policy::aging::Promotion;
+use super::bindings::split;
+use super::checks;
+use super::registry::PolicyRegistry;
+use super::runtime::PolicyError;
+use super::slot::Decided;
+use policy_packed::{
+    Admission, Bucket, Decision, FAILURE_WORDS, Failure, Hit, VIEW_WORDS, View, pack,
+};
+use sluice_model::VariantTag;
+
+impl PolicyRegistry {
+    /// The tenants' weights for fair share; `None` from a component without the export.
+    pub fn tenant_weights(
+        &self,
+        now_ms: u64,
+    ) -> Result<Decided<Option<sluice_engine::NamedWeights>>, PolicyError> {
+        self.priority
+            .decide(now_ms, |p| p.tenant_weights(), checks::tenant_weights)
+    }
+
+    pub fn bucket_weights(&self, now_ms: u64) -> Result<Decided<Vec<u32>>, PolicyError> {
+        self.priority
+            .decide(now_ms, |p| p.bucket_weights(), checks::bucket_weights)
+    }
+
+    /// One admission per task, in order. `variant`: the live priority experiment's variant
+    /// these tasks were all assigned, if any.
+    pub fn admit(
+        &self,
+        now_ms: u64,
+        variant: Option<VariantTag>,
+        tasks: &[View],
+    ) -> Result<Decided<Vec<Admission>>, PolicyError> {
+        if let [task] = tasks {
+            let words = task.words();
+            return self.priority.decide_for(
+                now_ms,
+                variant,
+                |p| p.admit_one(now_ms, words),
+                |(a, b, c)| checks::admissions(1, &[a, b, c]),
+            );
+        }
+        let words = pack(tasks, VIEW_WORDS, View::write);
+        self.priority.decide_for(
+            now_ms,
+            variant,
+            |p| p.admit(now_ms, &words),
+            |answer| checks::admissions(tasks.len(), &answer),
+        )
+    }
+
+    /// The index in `waiting` and the new bucket of each task to move. `variant`: the live
+    /// aging experiment's variant these tasks were all assigned, if any.
+    pub fn age(
+        &self,
+        now_ms: u64,
+        variant: Option<VariantTag>,
+        waiting: &[View],
+    ) -> Result<Decided<Vec<(u32, Bucket)>>, PolicyError> {
+        if let [task] = waiting {
+            let words = task.words();
+            return self.aging.decide_for(
+                now_ms,
+                variant,
+                |p| p.age_one(now_ms, words),
+                |to| checks::promotions(waiting, to.map(|to| Promotion { index: 0, to })),
+            );
+        }
+        let words = pack(waiting, VIEW_WORDS, View::write);
+        self.aging.decide_for(
+            now_ms,
+            variant,
+            |p| p.age(now_ms, &words),
+            |promotions| checks::promotions(waiting, promotions),
+        )
+    }
+
+    /// One decision per failure, in order.
+    pub fn retry(
+        &self,
+        now_ms: u64,
+        failures: &[Failure],
+    ) -> Result<Decided<Vec<Decision>>, PolicyError> {
+        if let [failure] = failures {
+            let words = failure.words();
+            return self.retry.decide(
+                now_ms,
+                |p| p.decide_one(now_ms, words),
+                |word| checks::decisions(failures, &[word]),
+            );
+        }
+        let words = pack(failures, FAILURE_WORDS, Failure::write);
+        self.retry.decide(
+            now_ms,
+            |p| p.decide(now_ms, &words),
+            |answer| checks::decisions(failures, &answer),
+        )
+    }
+
+    pub fn split(
+        &self,
+        now_ms: u64,
+        request: &split::exports::sluice::policy::split::SplitRequest,
+    ) -> Result<
+        Decided<Result<Vec<split::exports::sluice::policy::split::Subtask>, String>>,
+        PolicyError,
+    > {
+        self.split
+            .decide(now_ms, |p| p.split(request), checks::subtasks)
+    }
+
+    /// `hits`: the children's hits packed with `Hit::write_part`, each child's run nearest
+    /// first; `weights[c]` is child c's weight.
+    pub fn merge(
+        &self,
+        now_ms: u64,
+        k: u32,
+        weights: &[f32],
+        hits: &[u64],
+    ) -> Result<Decided<Result<Vec<Hit>, String>>, PolicyError> {
+        self.merge.decide(
+            now_ms,
+            |p| p.merge(k, weights, hits),
+            |answer| checks::merged(k, hits, answer),
+        )
+    }
+}

@@ -1,0 +1,42 @@
+//! Misbehaving components for the sandbox tests, built on demand from `policies/hostile` with
+//! one feature each (never embedded in the binary).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+/// Builds the `hostile` policy with `feature` and returns the component's bytes.
+pub fn component(feature: &str) -> Vec<u8> {
+    // The build script's target directory already holds the guests' dependencies, so only the
+    // hostile crate compiles. Builds share it, so they take turns, and each result is read
+    // before the next build overwrites it.
+    static BUILDING: Mutex<()> = Mutex::new(());
+    let _guard = BUILDING.lock().unwrap_or_else(|p| p.into_inner());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/Cargo.toml");
+    let target_dir = PathBuf::from(env!("OUT_DIR")).join("policies-target");
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "--target",
+            "wasm32-wasip2",
+            "-p",
+            "hostile",
+        ])
+        .args(["--features", feature, "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_TARGET_DIR")
+        .status()
+        .expect("run cargo to build a hostile policy");
+    assert!(
+        status.success(),
+        "building the hostile policy `{feature}` failed"
+    );
+    std::fs::read(target_dir.join("wasm32-wasip2/release/hostile.wasm"))
+        .expect("the hostile component")
+}

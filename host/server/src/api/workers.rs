@@ -1,0 +1,286 @@
+//! Worker routes: heartbeats, claims (long-polled, bounded), the worker table, breaker resets
+//! and the worker log.
+
+use super::AppState;
+use super::extract::{Decoded, SMALL_BODY_BYTES, WorkerIdPath, decode_query};
+use super::guard::Caller;
+use super::problem::ApiError;
+use super::tasks::{DEFAULT_EVENTS_LIMIT, EventParams, MAX_EVENTS_LIMIT, page_limit};
+use crate::auth::Principal;
+use crate::scheduler::ClaimAnswer;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{RawQuery, State as Shared};
+use axum::http::HeaderMap;
+use serde::{Deserialize, Serialize};
+use sluice_engine::{NoClaim, WorkerView};
+use sluice_model::{Heartbeat, WorkerEvent};
+pub use sluice_wire::{ClaimRefusal, ClaimResponse, LeaseGrant, MAX_CLAIM};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A waiting claim looks again at least this often, for work that frees up without a task
+/// joining a queue (a GPU released by another lease, say).
+const CLAIM_RECHECK: Duration = Duration::from_secs(1);
+
+/// A worker token acts only as its own worker.
+fn check_worker(caller: &Principal, worker: &str) -> Result<(), ApiError> {
+    if caller.acts_as_worker(worker) {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(format!(
+            "this token is worker {}'s, not {worker}'s",
+            caller.worker.as_deref().unwrap_or("?")
+        )))
+    }
+}
+
+/// Registers or refreshes a worker: its GPUs, labels, kinds and concurrency.
+#[utoipa::path(post, path = "/v1/workers/{id}/heartbeat", tag = "workers",
+    params(("id" = String, Path, description = "The worker's id")),
+    request_body = Heartbeat,
+    responses((status = 200, description = "The worker as the scheduler sees it", body = WorkerView)))]
+pub async fn heartbeat(
+    Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
+    WorkerIdPath(worker): WorkerIdPath,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<WorkerView>, ApiError> {
+    check_worker(&caller, &worker)?;
+    let Decoded {
+        value: heartbeat,
+        _budget,
+    } = state
+        .read_json::<Heartbeat>(&headers, body, SMALL_BODY_BYTES)
+        .await?;
+    heartbeat
+        .validate()
+        .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let mut views = state.scheduler.heartbeat(worker.clone(), heartbeat).await?;
+    views
+        .pop()
+        .map(Json)
+        .ok_or(ApiError::WorkerNotFound(worker))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    #[serde(default = "one")]
+    max: usize,
+    #[serde(default)]
+    wait_ms: u64,
+    /// The worker's name for this claim (1 to 64 of `A-Z a-z 0-9 . _ : -`). A worker that
+    /// gets no answer (the connection dropped, or the replica serving it died) sends the same
+    /// claim again: it is answered with the leases that claim granted and the worker has not
+    /// started, instead of leaving them to time out.
+    #[serde(default)]
+    claim_id: Option<String>,
+}
+
+/// The longest `claim_id`.
+const MAX_CLAIM_ID_BYTES: usize = 64;
+
+fn valid_claim_id(claim_id: &str) -> bool {
+    (1..=MAX_CLAIM_ID_BYTES).contains(&claim_id.len())
+        && claim_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+fn one() -> usize {
+    1
+}
+
+fn refusal(reason: &NoClaim) -> ClaimResponse {
+    ClaimResponse {
+        leases: Vec::new(),
+        reason: Some(ClaimRefusal {
+            code: reason.code().to_owned(),
+            detail: reason.to_string(),
+        }),
+        waited_for_work_us: 0,
+    }
+}
+
+/// Leases up to `max` tasks to the worker, waiting up to `wait_ms` for work.
+#[utoipa::path(post, path = "/v1/workers/{id}/claim", tag = "workers",
+    params(("id" = String, Path, description = "The worker's id")),
+    request_body = ClaimRequest,
+    responses((status = 200, description = "The leases granted (none when the wait ran out), or why none can be", body = ClaimResponse)))]
+pub async fn claim(
+    Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
+    WorkerIdPath(worker): WorkerIdPath,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<ClaimResponse>, ApiError> {
+    check_worker(&caller, &worker)?;
+    let limits = &state.limits;
+    let Decoded {
+        value: request,
+        _budget,
+    } = state
+        .read_json::<ClaimRequest>(&headers, body, SMALL_BODY_BYTES)
+        .await?;
+    if !(1..=MAX_CLAIM).contains(&request.max) {
+        return Err(ApiError::InvalidRequest(format!(
+            "max must be 1 to {MAX_CLAIM}"
+        )));
+    }
+    if request
+        .claim_id
+        .as_deref()
+        .is_some_and(|claim_id| !valid_claim_id(claim_id))
+    {
+        return Err(ApiError::InvalidRequest(format!(
+            "claim_id must be 1 to {MAX_CLAIM_ID_BYTES} of A-Z a-z 0-9 . _ : -"
+        )));
+    }
+    let max_wait_ms = limits.max_claim_wait.as_millis() as u64;
+    if request.wait_ms > max_wait_ms {
+        return Err(ApiError::InvalidRequest(format!(
+            "wait_ms must be at most {max_wait_ms}"
+        )));
+    }
+    let arrived = Instant::now();
+    let deadline = arrived + Duration::from_millis(request.wait_ms);
+    let work_queued = state.scheduler.work_queued();
+    // When the work this claim may take appeared: its arrival, then each signal that woke it.
+    let mut work_since = arrived;
+    loop {
+        if state.is_draining() {
+            return Ok(Json(refusal(&NoClaim::Draining)));
+        }
+        // Read, then armed, before the claim: a task queued while it runs still wakes this
+        // loop, and the signal after `seen` is the one that does.
+        let seen = work_queued.sent();
+        let notified = work_queued.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let claimed = state
+            .scheduler
+            .claim(worker.clone(), request.max, request.claim_id.clone())
+            .await?;
+        if let Some(reason) = &claimed.claimed.refused {
+            return Ok(Json(refusal(reason)));
+        }
+        if !claimed.claimed.leases.is_empty() {
+            let leases = grants(&state, claimed)?;
+            state
+                .metrics
+                .pipeline
+                .observe_claim_grant(work_since.elapsed().as_secs_f64());
+            return Ok(Json(ClaimResponse {
+                leases,
+                reason: None,
+                waited_for_work_us: (work_since - arrived).as_micros() as u64,
+            }));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(Json(ClaimResponse {
+                leases: Vec::new(),
+                reason: None,
+                waited_for_work_us: 0,
+            }));
+        }
+        let signalled = tokio::time::timeout_at(deadline.min(now + CLAIM_RECHECK), notified)
+            .await
+            .is_ok();
+        let woken = Instant::now();
+        // Woken by a signal: the work appeared when it was sent (perhaps while this claim was
+        // being planned just before it), and the wake-up itself is the server's time. Woken by
+        // the recheck timer: no one knows, so count from now.
+        work_since = if signalled {
+            work_queued
+                .sent_after(seen)
+                .map(|sent| Instant::from_std(sent).clamp(work_since, woken))
+                .unwrap_or(woken)
+        } else {
+            woken
+        };
+    }
+}
+
+/// The claimed tasks with their leases and payloads (those the writer did not hand over read
+/// in one go).
+fn grants(state: &AppState, mut answer: ClaimAnswer) -> Result<Vec<LeaseGrant>, ApiError> {
+    let payloads = state.scheduler.lease_payloads(&mut answer)?;
+    answer
+        .claimed
+        .leases
+        .into_iter()
+        .zip(payloads)
+        .map(|(task, payload)| {
+            let lease = task.lease.clone().ok_or_else(|| {
+                ApiError::Internal(format!("claimed task {} has no lease", task.id))
+            })?;
+            Ok(LeaseGrant {
+                attempt: lease.attempt,
+                lease_token: lease.token,
+                lease_expires_at_ms: lease.expires_at_ms,
+                payload: payload
+                    .map(|bytes| super::tasks::payload_json(task.id, bytes))
+                    .transpose()?,
+                task,
+            })
+        })
+        .collect()
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct WorkersResponse {
+    workers: Vec<WorkerView>,
+}
+
+/// Every worker, with its health, breaker and free GPUs.
+#[utoipa::path(get, path = "/v1/workers", tag = "workers",
+    responses((status = 200, description = "The workers", body = WorkersResponse)))]
+pub async fn list(Shared(state): Shared<AppState>) -> Result<Json<WorkersResponse>, ApiError> {
+    Ok(Json(WorkersResponse {
+        workers: state.scheduler.workers().await?,
+    }))
+}
+
+/// Closes a worker's circuit breaker by hand (admin).
+#[utoipa::path(post, path = "/v1/workers/{id}/reset", tag = "workers",
+    params(("id" = String, Path, description = "The worker's id")),
+    responses((status = 200, description = "The worker after the reset", body = WorkerView)))]
+pub async fn reset(
+    Shared(state): Shared<AppState>,
+    Caller(caller): Caller,
+    WorkerIdPath(worker): WorkerIdPath,
+) -> Result<Json<WorkerView>, ApiError> {
+    let mut views = state
+        .scheduler
+        .reset_worker(worker.clone(), caller.actor())
+        .await?;
+    let view = views
+        .pop()
+        .ok_or(ApiError::WorkerNotFound(worker.clone()))?;
+    super::tokens::record(&state, &caller, "worker.reset", worker, None).await?;
+    Ok(Json(view))
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct WorkerEventsResponse {
+    events: Vec<WorkerEvent>,
+}
+
+/// The worker log: breaker changes after `after`.
+#[utoipa::path(get, path = "/v1/worker-events", tag = "workers",
+    params(EventParams),
+    responses((status = 200, description = "A page of the worker log", body = WorkerEventsResponse)))]
+pub async fn events(
+    Shared(state): Shared<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<WorkerEventsResponse>, ApiError> {
+    let params: EventParams = decode_query(query.as_deref())?;
+    let limit = page_limit(params.limit, DEFAULT_EVENTS_LIMIT, MAX_EVENTS_LIMIT)?;
+    let events = state
+        .scheduler
+        .worker_events(params.after.unwrap_or(0), limit)?;
+    Ok(Json(WorkerEventsResponse { events }))
+}

@@ -1,0 +1,192 @@
+//! `sluice worker`: the reference worker: the embeddable worker client with a synthetic
+//! executor, or with `--vectors` a vector shard worker answering `vector.search` children,
+//! until SIGTERM or SIGINT, after which it finishes what it holds.
+
+use anyhow::Context;
+use sluice::vector::{ShardIndex, ShardPart, VectorExecutor, read_vectors};
+use sluice_client::worker::synthetic::Synthetic;
+use sluice_client::worker::{WorkerConfig, run};
+use sluice_engine::SHARD_LABEL;
+use sluice_model::{FailureClass, Gpu, Heartbeat, LoadedModel};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    server: super::tasks::ServerArg,
+    /// This worker's id (letters, digits and . _ - : / @)
+    #[arg(long)]
+    id: String,
+    /// GPUs this worker offers (0: a CPU worker, for tasks that need no GPU memory)
+    #[arg(long, default_value_t = 1)]
+    gpus: usize,
+    /// Memory of each GPU, in MB
+    #[arg(long, default_value_t = 16_384)]
+    gpu_memory_mb: u64,
+    /// Models held loaded in GPU memory, as name:gpu:memory_mb,... (e.g. seg-v3:0:6000):
+    /// tasks naming one in `resources.model` come here first
+    #[arg(long, value_delimiter = ',', value_parser = parse_loaded_model)]
+    loaded_models: Vec<LoadedModel>,
+    /// Hold each model a task names loaded once it has run there, and say so in heartbeats
+    /// (a synthetic model load: nothing is unloaded)
+    #[arg(long)]
+    learn_models: bool,
+    /// Labels tasks may require, as k=v,k2=v2
+    #[arg(long, value_parser = parse_labels, default_value = "")]
+    labels: BTreeMap<String, String>,
+    /// Attempts run at once, spread over the GPUs: each GPU takes up to
+    /// max-concurrency / gpus of them (rounded up) while its memory lasts [default: the number
+    /// of GPUs, at least 1]
+    #[arg(long)]
+    max_concurrency: Option<u32>,
+    /// How long each synthetic attempt takes, in ms, unless its payload names `exec_ms`
+    /// [default: 50]; with --vectors, a delay
+    /// added before each search [default: 0]
+    #[arg(long)]
+    exec_ms: Option<u64>,
+    /// The share of attempts that fail, 0 to 1
+    #[arg(long, default_value_t = 0.0)]
+    fail_rate: f64,
+    /// The class of the synthetic failures
+    #[arg(long, value_parser = parse_class, default_value = "transient")]
+    fail_class: FailureClass,
+    /// Seed of the synthetic failures
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Task kinds this worker runs, comma-separated [default: any; with --vectors:
+    /// vector.search]
+    #[arg(long, value_delimiter = ',')]
+    kinds: Vec<String>,
+    /// Be a vector shard worker over this float32 set (.fvecs or .npy; ids are row numbers)
+    #[arg(long)]
+    vectors: Option<PathBuf>,
+    /// With --vectors: hold only stored shard I of N (a contiguous run of rows) and answer
+    /// shard-list children for it; without it, hold the whole set and answer id-range,
+    /// id-hash and IVF children
+    #[arg(long, value_parser = ShardPart::parse, requires = "vectors")]
+    shard: Option<ShardPart>,
+    /// With --vectors: IVF centroids (.fvecs or .npy), the same as the split-ivf policy's
+    #[arg(long, requires = "vectors")]
+    centroids: Option<PathBuf>,
+}
+
+fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
+    text.split(',')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| format!("`{pair}` is not k=v"))
+        })
+        .collect()
+}
+
+fn parse_loaded_model(text: &str) -> Result<LoadedModel, String> {
+    // From the right, so a model's name may hold colons itself.
+    let mut parts = text.rsplitn(3, ':');
+    let (Some(memory_mb), Some(gpu), Some(name)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(format!("`{text}` is not name:gpu:memory_mb"));
+    };
+    Ok(LoadedModel {
+        name: name.to_owned(),
+        gpu: gpu
+            .parse()
+            .map_err(|_| format!("`{gpu}` is not a GPU index"))?,
+        memory_mb: memory_mb
+            .parse()
+            .map_err(|_| format!("`{memory_mb}` is not a size in MB"))?,
+    })
+}
+
+fn parse_class(text: &str) -> Result<FailureClass, String> {
+    FailureClass::ALL
+        .into_iter()
+        .filter(|class| *class != FailureClass::LeaseExpired)
+        .find(|class| class.as_str() == text)
+        .ok_or_else(|| {
+            format!(
+                "`{text}` is not one of transient, node-busy, timeout, permanent, invalid-input"
+            )
+        })
+}
+
+pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
+    if !(0.0..=1.0).contains(&args.fail_rate) {
+        anyhow::bail!("--fail-rate must be 0 to 1");
+    }
+    sluice_model::check_worker_id(&args.id).context("--id")?;
+    let mut heartbeat = Heartbeat {
+        gpus: (0..args.gpus)
+            .map(|_| Gpu {
+                model: "synthetic".into(),
+                memory_mb: args.gpu_memory_mb,
+                free: true,
+            })
+            .collect(),
+        labels: args.labels.clone(),
+        kinds: args.kinds.clone(),
+        max_concurrency: args.max_concurrency.unwrap_or(args.gpus.max(1) as u32),
+        queue_depth: 0,
+        loaded_models: args.loaded_models.clone(),
+    };
+    let client = args.server.client()?;
+    let shutdown = super::serve::shutdown_signal();
+    let stats = match &args.vectors {
+        Some(path) => {
+            let index = load_index(path, args.shard, args.centroids.as_deref())?;
+            heartbeat
+                .labels
+                .insert(SHARD_LABEL.to_owned(), index.routing());
+            if heartbeat.kinds.is_empty() {
+                heartbeat.kinds.push("vector.search".to_owned());
+            }
+            heartbeat.validate().context("worker settings")?;
+            tracing::info!(worker = %args.id, server = %args.server.server, vectors = index.len(), holds = %index.holds(), "vector worker started");
+            let executor = Arc::new(VectorExecutor {
+                index: Arc::new(index),
+                delay_ms: args.exec_ms.unwrap_or(0),
+            });
+            let config = WorkerConfig::new(args.id.clone(), heartbeat);
+            run(client, config, executor, shutdown).await?
+        }
+        None => {
+            heartbeat.validate().context("worker settings")?;
+            let config = WorkerConfig::new(args.id.clone(), heartbeat);
+            let mut executor = Synthetic::new(
+                args.id.clone(),
+                args.exec_ms.unwrap_or(50),
+                args.fail_rate,
+                args.fail_class,
+                args.seed,
+            );
+            if args.learn_models {
+                executor.learns_models = Some(config.loaded_models.clone());
+            }
+            let executor = Arc::new(executor);
+            tracing::info!(worker = %args.id, server = %args.server.server, "worker started");
+            run(client, config, executor, shutdown).await?
+        }
+    };
+    outln!("worker {}: {}", args.id, stats.line())?;
+    Ok(())
+}
+
+/// The part of the vector set this worker holds, with IVF lists when centroids are given.
+fn load_index(
+    path: &std::path::Path,
+    shard: Option<ShardPart>,
+    centroids: Option<&std::path::Path>,
+) -> anyhow::Result<ShardIndex> {
+    let vectors = read_vectors(path).context("--vectors")?;
+    let index = ShardIndex::from_rows(&vectors, shard);
+    match centroids {
+        Some(path) => {
+            let centroids = read_vectors(path).context("--centroids")?;
+            index.with_lists(&centroids).context("--centroids")
+        }
+        None => Ok(index),
+    }
+}

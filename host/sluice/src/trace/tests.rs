@@ -1,0 +1,327 @@
+//! The trace format's reader and writer, the generators and the CSV importer.
+
+use super::generate::{Shape, generate};
+use super::import::{Columns, ImportError, TimeUnit, import};
+use super::*;
+
+fn written(tasks: &[TraceTask]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for task in tasks {
+        write_task(&mut out, task).unwrap();
+    }
+    out
+}
+
+fn read_all(bytes: &[u8]) -> Result<Vec<TraceTask>, TraceError> {
+    TraceReader::new(bytes).collect()
+}
+
+#[test]
+fn a_written_trace_reads_back_the_same_and_defaults_fill_what_a_line_leaves_out() {
+    let tasks: Vec<TraceTask> = generate(Shape::Burst, 500, 7).collect();
+    assert_eq!(read_all(&written(&tasks)).unwrap(), tasks);
+    let short = read_all(b"{\"submit_ms\": 5, \"service_ms\": 100}\n\n").unwrap();
+    assert_eq!(short, [TraceTask::at(5, 100)]);
+    assert_eq!(short[0].priority, Priority::Normal);
+}
+
+#[test]
+fn bad_lines_are_refused_with_their_line_number() {
+    let cases: [(&[u8], &str); 7] = [
+        (b"{\"submit_ms\": 5}", "service_ms"),
+        (
+            b"{\"submit_ms\": 5, \"service_ms\": 1, \"gpu\": 2}",
+            "unknown field",
+        ),
+        (
+            b"{\"submit_ms\": 5, \"service_ms\": 1}\n{\"submit_ms\": 4, \"service_ms\": 1}",
+            "submission order",
+        ),
+        (
+            b"{\"submit_ms\": 0, \"service_ms\": 90000000}",
+            "over a day",
+        ),
+        (
+            b"{\"submit_ms\": 0, \"service_ms\": 1, \"failures\": [\"lease-expired\"]}",
+            "scheduler's",
+        ),
+        (
+            b"{\"submit_ms\": 0, \"service_ms\": 1, \"kind\": \"\"}",
+            "1 to 128",
+        ),
+        (
+            b"{\"submit_ms\": 0, \"service_ms\": 1, \"model\": \"seg a\"}",
+            "field `model`",
+        ),
+    ];
+    for (input, expected) in cases {
+        let error = read_all(input).unwrap_err().to_string();
+        assert!(error.contains(expected), "{error}");
+        assert!(error.starts_with("line "), "{error}");
+    }
+    let error = read_all(b"\n{\"submit_ms\": 5, \"service_ms\": 1}\n{bad").unwrap_err();
+    assert!(
+        matches!(error, TraceError::Invalid { line: 3, .. }),
+        "{error}"
+    );
+    // A line past the bound is refused without reading the rest of it.
+    let long = vec![b' '; MAX_LINE_BYTES + 10];
+    assert!(
+        read_all(&long)
+            .unwrap_err()
+            .to_string()
+            .contains("longer than")
+    );
+}
+
+#[test]
+fn generators_replay_from_their_seed_and_keep_their_shape() {
+    for shape in [Shape::Steady, Shape::Burst, Shape::Diurnal, Shape::Seed800] {
+        let first = written(&generate(shape, 2_000, 42).collect::<Vec<_>>());
+        assert_eq!(
+            first,
+            written(&generate(shape, 2_000, 42).collect::<Vec<_>>())
+        );
+        assert_ne!(
+            first,
+            written(&generate(shape, 2_000, 43).collect::<Vec<_>>())
+        );
+        let tasks = read_all(&first).unwrap();
+        assert_eq!(tasks.len(), 2_000);
+        let urgent = tasks
+            .iter()
+            .filter(|t| t.priority == Priority::Urgent)
+            .count();
+        assert!(
+            (100..300).contains(&urgent),
+            "{shape:?}: {urgent} urgent of 2,000"
+        );
+    }
+    let seed = generate(Shape::Seed800, 800, 1).collect::<Vec<_>>();
+    assert!(
+        seed.iter().all(|t| t.submit_ms == 0),
+        "the seed's load arrives at once"
+    );
+    let failed = seed.iter().filter(|t| !t.failures.is_empty()).count();
+    assert!(
+        (20..70).contains(&failed),
+        "{failed} of 800 scripted to fail"
+    );
+    // Steady: 100 a second, so 2,000 tasks span about 20 s.
+    let steady = generate(Shape::Steady, 2_000, 3).last().unwrap().submit_ms;
+    assert!((17_000..23_000).contains(&steady), "{steady}");
+    // Bursts: most arrivals land in the first 6 s of each minute.
+    let burst: Vec<TraceTask> = generate(Shape::Burst, 5_000, 3).collect();
+    let in_bursts = burst
+        .iter()
+        .filter(|t| t.submit_ms % 60_000 < 6_000)
+        .count();
+    assert!(
+        in_bursts * 2 > burst.len(),
+        "{in_bursts} of {} in bursts",
+        burst.len()
+    );
+}
+
+const CSV: &str = "\
+job_id,start_time,duration,prio,user,gpu_num
+a,1700000010.5,30,2,alice,1
+b,1700000000,12.25,0,bob,2
+c,1700000003,1,1,alice,
+";
+
+fn columns() -> Columns {
+    "submit=start_time,service=duration,priority=prio:0=low/1=normal/2=urgent,tenant=user,gpus=gpu_num"
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_csv_imports_through_its_column_mapping_relative_and_in_order() {
+    let tasks = import(CSV.as_bytes(), &columns(), TimeUnit::Seconds, 10).unwrap();
+    let summary: Vec<(u64, u64, Priority, &str, u32)> = tasks
+        .iter()
+        .map(|t| {
+            (
+                t.submit_ms,
+                t.service_ms,
+                t.priority,
+                t.tenant.as_str(),
+                t.gpus,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (0, 12_250, Priority::Low, "bob", 2),
+            (3_000, 1_000, Priority::Normal, "alice", 0),
+            (10_500, 30_000, Priority::Urgent, "alice", 1),
+        ]
+    );
+    // What it writes reads back as a trace.
+    assert_eq!(read_all(&written(&tasks)).unwrap(), tasks);
+    // End times instead of durations, in ms.
+    let ends = "s,e\n100,350\n50,60\n";
+    let by_end: Columns = "submit=s,end=e".parse().unwrap();
+    let tasks = import(ends.as_bytes(), &by_end, TimeUnit::Millis, 10).unwrap();
+    assert_eq!(
+        tasks
+            .iter()
+            .map(|t| (t.submit_ms, t.service_ms))
+            .collect::<Vec<_>>(),
+        [(0, 10), (50, 250)]
+    );
+}
+
+#[test]
+fn a_bad_mapping_or_row_is_refused_with_what_is_wrong() {
+    for (mapping, expected) in [
+        ("submit=a", "one of service or end"),
+        ("submit=a,service=b,end=c", "one of service or end"),
+        ("submit=a,service=b,prio=c", "unknown field"),
+        ("submit=a,service=b,priority=c", "value map"),
+        ("submit=a,service=b,priority=c:1=high", "not a bucket"),
+        ("submit=a,submit=b,service=c", "mapped twice"),
+    ] {
+        let error = mapping.parse::<Columns>().unwrap_err().to_string();
+        assert!(error.contains(expected), "{mapping}: {error}");
+    }
+    let missing: Columns = "submit=start,service=duration".parse().unwrap();
+    let error = import(CSV.as_bytes(), &missing, TimeUnit::Seconds, 10).unwrap_err();
+    assert!(
+        matches!(error, ImportError::NoColumn(ref c, _) if c == "start"),
+        "{error}"
+    );
+    let unmapped = CSV.replace(",1,alice,\n", ",7,alice,\n");
+    let error = import(unmapped.as_bytes(), &columns(), TimeUnit::Seconds, 10).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "row 4: priority \"7\" is not in the value map"
+    );
+    let negative = CSV.replace(",30,", ",-30,");
+    let error = import(negative.as_bytes(), &columns(), TimeUnit::Seconds, 10).unwrap_err();
+    assert!(error.to_string().starts_with("row 2: "), "{error}");
+    let error = import(CSV.as_bytes(), &columns(), TimeUnit::Seconds, 2).unwrap_err();
+    assert!(matches!(error, ImportError::TooMany(2)), "{error}");
+    // A model column: a name is kept, an empty cell names none, a bad name is refused.
+    let with_models: Columns = "submit=s,service=d,model=m".parse().unwrap();
+    let csv = "s,d,m\n0,1,seg-v3\n1,1,\n";
+    let tasks = import(csv.as_bytes(), &with_models, TimeUnit::Seconds, 10).unwrap();
+    let models: Vec<_> = tasks.iter().map(|t| t.model.as_deref()).collect();
+    assert_eq!(models, [Some("seg-v3"), None]);
+    let bad = import(
+        "s,d,m\n0,1,seg v3\n".as_bytes(),
+        &with_models,
+        TimeUnit::Seconds,
+        10,
+    );
+    let error = bad.unwrap_err().to_string();
+    assert!(
+        error.starts_with("row 2: ") && error.contains("model"),
+        "{error}"
+    );
+}
+
+fn submission(body: serde_json::Value) -> sluice_model::Submission {
+    serde_json::from_value::<sluice_model::TaskSpec>(body)
+        .unwrap()
+        .into_submission(None, &sluice_model::Limits::default())
+        .unwrap()
+}
+
+#[test]
+fn an_export_holds_each_ended_tasks_submission_service_time_and_failed_attempts() {
+    use super::export::{EventFold, export, failure_class};
+    use sluice_engine::sim::Driver;
+    use sluice_engine::{EngineOptions, Report};
+    use sluice_model::{Heartbeat, State};
+    let mut driver = Driver::new(1, EngineOptions::default());
+    let urgent = driver
+        .submit(submission(serde_json::json!({
+            "kind": "oct.scan", "priority": "urgent", "tenant": "site-1",
+            "device": "scanner-1", "est_exec_ms": 500,
+            "resources": {"gpu_memory_mb": 0, "model": "seg-v3"},
+        })))
+        .unwrap()
+        .task
+        .id;
+    driver.advance_to(driver.now_ms() + 100);
+    let low = driver
+        .submit(submission(serde_json::json!({
+            "kind": "oct.scan", "priority": "low", "tenant": "site-2", "est_exec_ms": 900,
+        })))
+        .unwrap()
+        .task
+        .id;
+    let never_run = driver
+        .submit(submission(serde_json::json!({"kind": "other.kind"})))
+        .unwrap()
+        .task
+        .id;
+    let worker = Heartbeat {
+        max_concurrency: 2,
+        kinds: vec!["oct.scan".into()],
+        ..Heartbeat::default()
+    };
+    driver.heartbeat("w", worker.clone()).unwrap();
+    let leases = driver.claim("w", 2).unwrap().leases;
+    let token = |id| {
+        let task: &sluice_model::Task = leases.iter().find(|t| t.id == id).unwrap();
+        task.lease.as_ref().unwrap().token.clone()
+    };
+    let (urgent_token, low_token) = (token(urgent), token(low));
+    driver.advance_to(driver.now_ms() + 50);
+    driver.report(urgent, &urgent_token, Report::Start).unwrap();
+    driver.advance_to(driver.now_ms() + 300);
+    let complete = || Report::Complete {
+        result: serde_json::json!({}),
+    };
+    driver.report(urgent, &urgent_token, complete()).unwrap();
+    let fail = Report::Fail {
+        class: FailureClass::NodeBusy,
+        message: "busy".into(),
+    };
+    driver.report(low, &low_token, fail).unwrap();
+    // Past the retry delay, it runs again and completes after 400 ms.
+    while driver.task(low).unwrap().state != State::Queued {
+        driver.tick(60_000);
+    }
+    driver.heartbeat("w", worker).unwrap();
+    let again = driver.claim("w", 1).unwrap().leases;
+    assert_eq!(again[0].id, low);
+    let token = again[0].lease.as_ref().unwrap().token.clone();
+    driver.advance_to(driver.now_ms() + 400);
+    driver.report(low, &token, complete()).unwrap();
+
+    let mut fold = EventFold::default();
+    for event in driver.store().events() {
+        fold.add(event);
+    }
+    let tasks: Vec<sluice_model::Task> = driver.store().tasks().cloned().collect();
+    let (trace, skipped) = export(tasks, &fold);
+    assert_eq!(
+        skipped.unfinished_or_never_ran, 1,
+        "{never_run} is still queued"
+    );
+    let mut expected_urgent = TraceTask::at(0, 300);
+    expected_urgent.priority = Priority::Urgent;
+    expected_urgent.tenant = "site-1".into();
+    expected_urgent.device = "scanner-1".into();
+    expected_urgent.est_exec_ms = Some(500);
+    expected_urgent.model = Some("seg-v3".into());
+    let mut expected_low = TraceTask::at(100, 400);
+    expected_low.priority = Priority::Low;
+    expected_low.tenant = "site-2".into();
+    expected_low.device = "unknown".into();
+    expected_low.est_exec_ms = Some(900);
+    expected_low.failures = vec![FailureClass::NodeBusy];
+    assert_eq!(trace, [expected_urgent, expected_low]);
+    // What it writes reads back as a trace.
+    assert_eq!(read_all(&written(&trace)).unwrap(), trace);
+    assert_eq!(
+        failure_class("attempt 3 failed (invalid-input); dead: x, by y"),
+        Some(FailureClass::InvalidInput)
+    );
+    assert_eq!(failure_class("promoted low → normal"), None);
+}
