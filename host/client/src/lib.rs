@@ -4,10 +4,13 @@
 
 pub mod worker;
 
+// The model's types a client names, so one dependency is enough to embed the worker.
+pub use sluice_model::{FailureClass, Gpu, Heartbeat, LoadedModel, Priority, TaskId, TaskSpec};
+pub use sluice_wire::{ClaimResponse, LeaseGrant};
+
 use serde::Deserialize;
 use serde_json::Value;
-use sluice_model::{Heartbeat, Task, TaskId, TaskSpec};
-use sluice_wire::ClaimResponse;
+use sluice_model::Task;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
