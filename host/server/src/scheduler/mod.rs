@@ -1,5 +1,8 @@
-//! The scheduler shell: the handle the API calls, the writer thread that owns the engine and
-//! the store's writes, and the flusher thread that makes them durable in groups.
+//! The scheduler shell: the handle the API calls and the threads around the engine. The writer
+//! owns the engine and plans every change; the flusher makes them durable in groups; the ticker
+//! moves time (timers, aging); the callback deliverer and retention run beside them. On a store
+//! across the network two more help the writer: the committer (`committer::Pipeline`) commits a
+//! group while the next is planned, and `keys_ahead` reads the next group's idempotency keys.
 //!
 //! Every mutation goes through one writer thread, so idempotency checks and transitions need no
 //! locks and no compare-and-swap; the writer reads the clock and draws random bits and hands

@@ -1,4 +1,5 @@
-//! The writer thread: the only owner of the engine and the only caller of `Store::commit`.
+//! The writer thread: the only owner of the engine, and the only one that plans a change;
+//! each planned group is committed by `committer::commit`, on this thread or the committer's.
 //! It takes the requests waiting in its inbox as one group, runs each through the engine's
 //! step (which reads what the group has planned so far before the store), commits the group as
 //! one change, and hands the group's answers to the flusher. It decides nothing itself.
