@@ -46,7 +46,7 @@ const VENDORED: [(&str, &str); 8] = [
 ];
 
 const SDK_MANIFEST: &str = r#"[package]
-name = "sluice-policy-runtime"
+name = "sluice-policy"
 version = "0.1.0"
 edition = "2024"
 publish = false
