@@ -19,7 +19,7 @@ impl Engine {
 
     /// Moves a queued `task` up to bucket `to`, keeping its rank, so it goes in line among the
     /// tasks of `to` by arrival. Nothing if the task no longer waits or `to` is not higher.
-    pub fn plan_promote(
+    pub(crate) fn plan_promote(
         &self,
         now_ms: u64,
         task: &Task,

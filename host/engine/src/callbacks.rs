@@ -22,7 +22,7 @@ pub enum CallbackOutcome {
 impl Engine {
     /// Marks a due callback as in flight: the next attempt is pushed past the attempt timeout,
     /// so a lost answer (or a crash) is retried, never dropped. Returns the attempt number.
-    pub fn plan_callback_attempt(&self, now_ms: u64, task: &Task) -> Option<(u32, Change)> {
+    pub(crate) fn plan_callback_attempt(&self, now_ms: u64, task: &Task) -> Option<(u32, Change)> {
         let mut after = task.clone();
         let callback = after.callback.as_mut()?;
         callback.attempts = callback.attempts.saturating_add(1);
@@ -41,7 +41,7 @@ impl Engine {
     /// Records attempt `attempt`'s outcome as an event; a failure schedules the next attempt,
     /// or gives up after `MAX_CALLBACK_ATTEMPTS`. An outcome of an attempt that is no longer
     /// the latest one (it timed out and was tried again) is ignored.
-    pub fn plan_callback_outcome(
+    pub(crate) fn plan_callback_outcome(
         &self,
         now_ms: u64,
         task: &Task,

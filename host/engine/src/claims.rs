@@ -163,12 +163,18 @@ impl Engine {
             chosen.insert(task);
             picks.push(Pick { task, gpu });
         }
+        // A claim never takes more than the worker has room for.
+        debug_assert!(
+            picks.len() <= slots,
+            "{} picks for {slots} free slots",
+            picks.len()
+        );
         (Ok(picks), event)
     }
 
     /// Plans the grant of `pick` to `worker`: Queued → Claimed, the next attempt, a lease
     /// whose token is drawn from `random`.
-    pub fn plan_claim(
+    pub(crate) fn plan_claim(
         &mut self,
         now_ms: u64,
         random: u128,

@@ -26,7 +26,7 @@ impl Engine {
     /// bucket, rank and deadline as the parent, labelled with its shard's routing. `randoms`
     /// gives one random id part per child. The parent's write comes first in the change.
     #[allow(clippy::too_many_arguments)]
-    pub fn plan_split(
+    pub(crate) fn plan_split(
         &mut self,
         now_ms: u64,
         randoms: &[u128],
@@ -136,7 +136,7 @@ impl Engine {
     }
 
     /// Counts one more ended child on `parent`. Not an event: the child's own event says it.
-    pub fn plan_child_settled(&self, now_ms: u64, parent: &Task) -> Change {
+    pub(crate) fn plan_child_settled(&self, now_ms: u64, parent: &Task) -> Change {
         let mut after = parent.clone();
         after.updated_at_ms = now_ms;
         if let Some(family) = &mut after.family {
@@ -152,7 +152,7 @@ impl Engine {
     }
 
     /// Plans `parent` Split → Merging → Completed with `merged`, or → Failed with `error`.
-    pub fn plan_merged(
+    pub(crate) fn plan_merged(
         &mut self,
         now_ms: u64,
         parent: &Task,

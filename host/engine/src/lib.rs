@@ -10,6 +10,9 @@
 //! the changes of a group of steps as one; if that commit fails, it rebuilds the engine from
 //! the store, so memory never runs ahead of disk.
 //!
+//! `plan_*` and `apply` are the crate's own; other crates' tests reach four of them through
+//! `testing` (the `test-support` feature).
+//!
 //! `sim` is the virtual-time driver: the same engine fed a simulated clock, workers and store,
 //! for simulations, replays and the tests of scheduling behaviour.
 
@@ -27,6 +30,8 @@ mod reaper;
 mod reports;
 pub mod sim;
 mod step;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 mod timers;
 mod views;
 mod workers;
@@ -335,7 +340,7 @@ impl Engine {
 
     /// Plans a new task: created, then admitted as `admission` says, as one atomic change with
     /// one event per step. The task as stored is `change.writes[0].task`.
-    pub fn plan_create(
+    pub(crate) fn plan_create(
         &self,
         now_ms: u64,
         random: u128,
@@ -427,7 +432,7 @@ impl Engine {
 
     /// Plans a change of `task` to state `to`. An illegal transition is refused, counted and
     /// logged, and plans nothing.
-    pub fn plan_transition(
+    pub(crate) fn plan_transition(
         &mut self,
         now_ms: u64,
         task: &Task,
@@ -537,7 +542,26 @@ impl Engine {
     }
 
     /// Learns a planned change: the next plan builds on it.
-    pub fn apply(&mut self, change: &Change) {
+    pub(crate) fn apply(&mut self, change: &Change) {
+        // Event numbers are gap-free: a change numbers its events on from the engine's next.
+        debug_assert!(
+            change
+                .events
+                .iter()
+                .zip(self.next_event_seq..)
+                .all(|(event, seq)| event.seq == seq),
+            "a change's events do not follow on from seq {}",
+            self.next_event_seq
+        );
+        debug_assert!(
+            change
+                .worker_events
+                .iter()
+                .zip(self.next_worker_event_seq..)
+                .all(|(event, seq)| event.seq == seq),
+            "a change's worker events do not follow on from seq {}",
+            self.next_worker_event_seq
+        );
         if let Some(last) = change.events.last() {
             self.next_event_seq = last.seq + 1;
         }

@@ -168,7 +168,7 @@ impl Engine {
 
     /// Revokes the lease of `victim`'s attempt for `urgent`: a note on its timeline, naming
     /// the urgent task. Its place stays held until the worker stops.
-    pub fn plan_revoke(&self, now_ms: u64, victim: &Task, urgent: TaskId) -> Change {
+    pub(crate) fn plan_revoke(&self, now_ms: u64, victim: &Task, urgent: TaskId) -> Change {
         let (attempt, worker) = victim
             .lease
             .as_ref()
@@ -187,7 +187,7 @@ impl Engine {
 
     /// A revoked attempt is over (its worker stopped it, or its lease ran out): the task goes
     /// through RetryWait back to its queue at once, and the attempt is not counted.
-    pub fn plan_preempted(
+    pub(crate) fn plan_preempted(
         &mut self,
         now_ms: u64,
         task: &Task,

@@ -92,7 +92,7 @@ impl Engine {
 
     /// Frees the place a lease held after its task ended: the worker said it stopped, or
     /// (`by_worker` false) the lease ran out first. One event on the timeline, either way.
-    pub fn plan_place_freed(&self, now_ms: u64, task: &Task, by_worker: bool) -> Change {
+    pub(crate) fn plan_place_freed(&self, now_ms: u64, task: &Task, by_worker: bool) -> Change {
         let (actor, detail) = match &task.lease {
             Some(lease) if by_worker => (
                 Actor::worker(&lease.worker),
@@ -119,7 +119,11 @@ impl Engine {
 
     /// RetryWait → Queued, in the bucket it waited in before, behind nobody it was ahead of
     /// (its rank is kept).
-    pub fn plan_release(&mut self, now_ms: u64, task: &Task) -> Result<Change, IllegalTransition> {
+    pub(crate) fn plan_release(
+        &mut self,
+        now_ms: u64,
+        task: &Task,
+    ) -> Result<Change, IllegalTransition> {
         self.plan_with(
             now_ms,
             task,
@@ -131,7 +135,7 @@ impl Engine {
     }
 
     /// → TimedOut: the overall deadline has passed.
-    pub fn plan_timed_out(
+    pub(crate) fn plan_timed_out(
         &mut self,
         now_ms: u64,
         task: &Task,

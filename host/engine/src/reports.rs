@@ -162,7 +162,11 @@ pub enum RetryDecision {
 
 impl Engine {
     /// Claimed → Running.
-    pub fn plan_start(&mut self, now_ms: u64, task: &Task) -> Result<Change, IllegalTransition> {
+    pub(crate) fn plan_start(
+        &mut self,
+        now_ms: u64,
+        task: &Task,
+    ) -> Result<Change, IllegalTransition> {
         let actor = lease_actor(task);
         self.plan_with(now_ms, task, &[State::Running], actor, None, |after| {
             if let Some(lease) = &mut after.lease {
@@ -173,7 +177,7 @@ impl Engine {
 
     /// Pushes the lease back by the lease length, never past the attempt's end. Not a
     /// transition: the task record changes, the log does not.
-    pub fn plan_lease_heartbeat(&self, now_ms: u64, task: &Task) -> Change {
+    pub(crate) fn plan_lease_heartbeat(&self, now_ms: u64, task: &Task) -> Change {
         let mut after = task.clone();
         if let Some(lease) = &mut after.lease {
             lease.expires_at_ms = now_ms
@@ -190,7 +194,7 @@ impl Engine {
     }
 
     /// → Completed with `result` (through Running if the worker never reported a start).
-    pub fn plan_complete(
+    pub(crate) fn plan_complete(
         &mut self,
         now_ms: u64,
         task: &Task,
@@ -212,7 +216,7 @@ impl Engine {
     /// host's own bounds come first: a hopeless class or spent attempts are dead whatever the
     /// policy answered. `version` names the retry policy version that decided.
     #[allow(clippy::too_many_arguments)]
-    pub fn plan_failure(
+    pub(crate) fn plan_failure(
         &mut self,
         now_ms: u64,
         task: &Task,
@@ -273,7 +277,7 @@ impl Engine {
 
     /// Logs a refused report of `attempt`'s holder `worker` on the task's timeline, and marks
     /// that attempt's lease as logged, so its further refusals write nothing.
-    pub fn plan_refused_report(
+    pub(crate) fn plan_refused_report(
         &self,
         now_ms: u64,
         task: &Task,

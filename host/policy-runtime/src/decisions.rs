@@ -6,7 +6,7 @@ use super::bindings::split;
 use super::checks;
 use super::registry::PolicyRegistry;
 use super::runtime::PolicyError;
-use super::slot::Decided;
+use super::slot::SlotAnswer;
 use policy_packed::{
     Admission, Bucket, Decision, FAILURE_WORDS, Failure, Hit, VIEW_WORDS, View, pack,
 };
@@ -17,12 +17,12 @@ impl PolicyRegistry {
     pub fn tenant_weights(
         &self,
         now_ms: u64,
-    ) -> Result<Decided<Option<sluice_engine::NamedWeights>>, PolicyError> {
+    ) -> Result<SlotAnswer<Option<sluice_engine::NamedWeights>>, PolicyError> {
         self.priority
             .decide(now_ms, |p| p.tenant_weights(), checks::tenant_weights)
     }
 
-    pub fn bucket_weights(&self, now_ms: u64) -> Result<Decided<Vec<u32>>, PolicyError> {
+    pub fn bucket_weights(&self, now_ms: u64) -> Result<SlotAnswer<Vec<u32>>, PolicyError> {
         self.priority
             .decide(now_ms, |p| p.bucket_weights(), checks::bucket_weights)
     }
@@ -34,7 +34,7 @@ impl PolicyRegistry {
         now_ms: u64,
         variant: Option<VariantTag>,
         tasks: &[View],
-    ) -> Result<Decided<Vec<Admission>>, PolicyError> {
+    ) -> Result<SlotAnswer<Vec<Admission>>, PolicyError> {
         if let [task] = tasks {
             let words = task.words();
             return self.priority.decide_for(
@@ -60,7 +60,7 @@ impl PolicyRegistry {
         now_ms: u64,
         variant: Option<VariantTag>,
         waiting: &[View],
-    ) -> Result<Decided<Vec<(u32, Bucket)>>, PolicyError> {
+    ) -> Result<SlotAnswer<Vec<(u32, Bucket)>>, PolicyError> {
         if let [task] = waiting {
             let words = task.words();
             return self.aging.decide_for(
@@ -84,7 +84,7 @@ impl PolicyRegistry {
         &self,
         now_ms: u64,
         failures: &[Failure],
-    ) -> Result<Decided<Vec<Decision>>, PolicyError> {
+    ) -> Result<SlotAnswer<Vec<Decision>>, PolicyError> {
         if let [failure] = failures {
             let words = failure.words();
             return self.retry.decide(
@@ -106,7 +106,7 @@ impl PolicyRegistry {
         now_ms: u64,
         request: &split::exports::sluice::policy::split::SplitRequest,
     ) -> Result<
-        Decided<Result<Vec<split::exports::sluice::policy::split::Subtask>, String>>,
+        SlotAnswer<Result<Vec<split::exports::sluice::policy::split::Subtask>, String>>,
         PolicyError,
     > {
         self.split
@@ -121,7 +121,7 @@ impl PolicyRegistry {
         k: u32,
         weights: &[f32],
         hits: &[u64],
-    ) -> Result<Decided<Result<Vec<Hit>, String>>, PolicyError> {
+    ) -> Result<SlotAnswer<Result<Vec<Hit>, String>>, PolicyError> {
         self.merge.decide(
             now_ms,
             |p| p.merge(k, weights, hits),

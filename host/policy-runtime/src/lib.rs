@@ -34,7 +34,7 @@ pub use runtime::{
     Compiled, Grants, Kind, PolicyData, PolicyError, PolicyRuntime, RuntimeOptions, Sandbox,
     exported_kind,
 };
-pub use slot::{Decided, FaultLimit, SlotCounters};
+pub use slot::{FaultLimit, SlotAnswer, SlotCounters};
 pub use trial::{ArmFigures, MAX_DISAGREEMENT_SAMPLES};
 
 #[cfg(test)]

@@ -108,9 +108,10 @@ impl<P: Policy> Loaded<P> {
     }
 }
 
-/// A decision's answer and the version that gave it.
+/// A decision's answer from a kind's chain of versions: the version that gave it and how many
+/// fell back before it. The engine's `Decided` is what the scheduler keeps of it.
 #[derive(Debug)]
-pub struct Decided<R> {
+pub struct SlotAnswer<R> {
     pub answer: R,
     pub version: u32,
     /// How many versions faulted before this one answered (0 when the active one did).
@@ -223,7 +224,7 @@ impl<P: Policy> Slot<P> {
         now_ms: u64,
         call: impl FnMut(&mut P) -> Result<R, PolicyError>,
         judge: impl Fn(R) -> Result<T, String>,
-    ) -> Result<Decided<T>, PolicyError> {
+    ) -> Result<SlotAnswer<T>, PolicyError> {
         self.decide_for(now_ms, None, call, judge)
     }
 
@@ -235,7 +236,7 @@ impl<P: Policy> Slot<P> {
         variant: Option<VariantTag>,
         mut call: impl FnMut(&mut P) -> Result<R, PolicyError>,
         judge: impl Fn(R) -> Result<T, String>,
-    ) -> Result<Decided<T>, PolicyError> {
+    ) -> Result<SlotAnswer<T>, PolicyError> {
         let trial = self.trial.load();
         if let (Some(tag), Some(trial)) = (variant, trial.as_deref())
             && let Some(decided) = trial.decide_live(tag, &self.metrics, &mut call, &judge)
@@ -255,7 +256,7 @@ impl<P: Policy> Slot<P> {
         now_ms: u64,
         call: &mut impl FnMut(&mut P) -> Result<R, PolicyError>,
         judge: &impl Fn(R) -> Result<T, String>,
-    ) -> Result<Decided<T>, PolicyError> {
+    ) -> Result<SlotAnswer<T>, PolicyError> {
         let nth = self.decisions_total.fetch_add(1, Ordering::Relaxed);
         // A guard, not a clone: no reference count is touched on this path.
         let chain = self.chain.load();
@@ -274,7 +275,7 @@ impl<P: Policy> Slot<P> {
                 .record(started.map(|started| started.elapsed()), outcome.is_err());
             match outcome {
                 Ok(answer) => {
-                    return Ok(Decided {
+                    return Ok(SlotAnswer {
                         answer,
                         version: loaded.version,
                         fallbacks: fallbacks as u32,

@@ -7,7 +7,7 @@
 use super::instance::Policy;
 use super::metrics::PolicyMetrics;
 use super::runtime::PolicyError;
-use super::slot::{Decided, Loaded};
+use super::slot::{Loaded, SlotAnswer};
 use serde::Serialize;
 use sluice_model::{Experiment, ExperimentMode, VariantTag};
 use std::fmt::Debug;
@@ -89,7 +89,7 @@ impl<P: Policy> Trial<P> {
         metrics: &PolicyMetrics,
         call: &mut impl FnMut(&mut P) -> Result<R, PolicyError>,
         judge: &impl Fn(R) -> Result<T, String>,
-    ) -> Option<Decided<T>> {
+    ) -> Option<SlotAnswer<T>> {
         if self.experiment.mode != ExperimentMode::Live || tag.experiment != self.experiment.id {
             return None;
         }
@@ -102,7 +102,7 @@ impl<P: Policy> Trial<P> {
         let outcome = loaded.run(call, judge);
         loaded.metrics_in(metrics).record(None, outcome.is_err());
         match outcome {
-            Ok(answer) => Some(Decided {
+            Ok(answer) => Some(SlotAnswer {
                 answer,
                 version: loaded.version,
                 fallbacks: 0,
@@ -120,7 +120,7 @@ impl<P: Policy> Trial<P> {
     /// kept. A variant of the version that answered is the active answer itself: skipped.
     pub fn shadow<R, T: PartialEq + Debug>(
         &self,
-        active: &Decided<T>,
+        active: &SlotAnswer<T>,
         metrics: &PolicyMetrics,
         call: &mut impl FnMut(&mut P) -> Result<R, PolicyError>,
         judge: &impl Fn(R) -> Result<T, String>,

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// What a replica does once it has looked at the lease.
-pub enum Role {
+pub enum ReplicaRole {
     Leading(Server),
     Following(Box<Follower>),
 }
@@ -28,7 +28,7 @@ pub enum Role {
 /// Opens the store and decides: leads at once if the lease is free; waits out a lease that is
 /// not being renewed (its holder died, as when this replica's previous process was killed);
 /// follows a leader that renews. Blocking: at most a lease's length plus a renewal.
-pub fn start(config: &ServeConfig, bound: SocketAddr) -> Result<Role, ServerError> {
+pub fn start(config: &ServeConfig, bound: SocketAddr) -> Result<ReplicaRole, ServerError> {
     let url = config
         .store
         .as_deref()
@@ -39,13 +39,13 @@ pub fn start(config: &ServeConfig, bound: SocketAddr) -> Result<Role, ServerErro
     let first = store.leader()?;
     loop {
         if store.take_lead(&holder, &address)?.is_some() {
-            return Ok(Role::Leading(Server::open_leading(config, store)?));
+            return Ok(ReplicaRole::Leading(Server::open_leading(config, store)?));
         }
         let now = store.leader()?;
         if now.live && (now.epoch, now.expires_at_ms) != (first.epoch, first.expires_at_ms) {
             tracing::info!(leader = %now.address, epoch = now.epoch, "following the leader");
             return Follower::new(config, store, holder, address, now.address)
-                .map(|follower| Role::Following(Box::new(follower)));
+                .map(|follower| ReplicaRole::Following(Box::new(follower)));
         }
         std::thread::sleep(Duration::from_millis(RENEW_MS / 4));
     }

@@ -4,6 +4,7 @@
 use super::*;
 use crate::backend;
 use sluice_engine::Engine;
+use sluice_engine::testing::EngineTestSupport;
 use sluice_model::{Limits, State, Submission, TaskSpec};
 use sluice_store::Store;
 use sluice_store::{ListPage, ListQuery};
@@ -50,8 +51,8 @@ fn submission(key: &str) -> Submission {
 pub(super) fn plan_create(engine: &mut Engine, now_ms: u64, key: &str) -> sluice_model::Change {
     let submission = submission(key);
     let admission = submission.native_admission(0);
-    let change = engine.plan_create(now_ms, u128::from(now_ms), &submission, &admission);
-    engine.apply(&change);
+    let change = engine.test_plan_create(now_ms, u128::from(now_ms), &submission, &admission);
+    engine.test_apply(&change);
     change
 }
 
@@ -234,13 +235,15 @@ fn listing_by_state_examines_at_most_its_budget_and_state_changes_are_hot_update
             State::Claimed
         };
         let change = if to == State::Claimed {
-            engine.plan_claim(5_000, 7, &task, "w", None, None).unwrap()
+            engine
+                .test_plan_claim(5_000, 7, &task, "w", None, None)
+                .unwrap()
         } else {
             engine
-                .plan_transition(5_000, &task, to, sluice_model::Actor::api(), None)
+                .test_plan_transition(5_000, &task, to, sluice_model::Actor::api(), None)
                 .unwrap()
         };
-        engine.apply(&change);
+        engine.test_apply(&change);
         store.commit(&change).unwrap();
     }
     store.sync().unwrap();
@@ -405,9 +408,9 @@ fn commits_find_changed_rows_through_the_primary_key_on_a_small_table() {
         let mut group = sluice_model::Change::default();
         for write in tasks {
             let change = engine
-                .plan_claim(5_000, 7, &write.task, "w", None, None)
+                .test_plan_claim(5_000, 7, &write.task, "w", None, None)
                 .unwrap();
-            engine.apply(&change);
+            engine.test_apply(&change);
             group.merge(change);
         }
         updated += group.writes.len() as i64;

@@ -9,6 +9,7 @@ use super::tests::{
 use super::*;
 use crate::backend;
 use sluice_engine::Engine;
+use sluice_engine::testing::EngineTestSupport;
 use sluice_model::{Actor, Change, Recovery, State, Task, TaskId};
 use sluice_store::{ListQuery, Store};
 use std::collections::BTreeMap;
@@ -26,16 +27,18 @@ fn count(store: &PgStore, sql: &'static str) -> i64 {
 }
 
 fn claim(engine: &mut Engine, task: &Task, now_ms: u64) -> Change {
-    let change = engine.plan_claim(now_ms, 7, task, "w", None, None).unwrap();
-    engine.apply(&change);
+    let change = engine
+        .test_plan_claim(now_ms, 7, task, "w", None, None)
+        .unwrap();
+    engine.test_apply(&change);
     change
 }
 
 fn cancel(engine: &mut Engine, task: &Task, now_ms: u64) -> Change {
     let change = engine
-        .plan_transition(now_ms, task, State::Cancelled, Actor::api(), None)
+        .test_plan_transition(now_ms, task, State::Cancelled, Actor::api(), None)
         .unwrap();
-    engine.apply(&change);
+    engine.test_apply(&change);
     change
 }
 

@@ -2,6 +2,7 @@
 
 use super::*;
 use sluice_engine::Engine;
+use sluice_engine::testing::EngineTestSupport;
 use sluice_model::{Actor, Limits, Submission, TaskSpec};
 
 fn open(dir: &std::path::Path) -> SledStore {
@@ -28,8 +29,8 @@ fn submission(
 /// Creates a task through the engine, commits it alone, and returns it.
 fn create(engine: &mut Engine, store: &SledStore, now_ms: u64, submission: &Submission) -> Task {
     let admission = submission.native_admission(0);
-    let change = engine.plan_create(now_ms, u128::from(now_ms), submission, &admission);
-    engine.apply(&change);
+    let change = engine.test_plan_create(now_ms, u128::from(now_ms), submission, &admission);
+    engine.test_apply(&change);
     store.commit(&change).unwrap();
     change.writes[0].task.clone()
 }
@@ -62,7 +63,7 @@ fn tasks_payloads_keys_and_timelines_read_back() {
     // A state change keeps the payload, wherever it lives, and extends the timeline.
     for task in [&a, &b] {
         let change = engine
-            .plan_transition(
+            .test_plan_transition(
                 2_000,
                 task,
                 State::Cancelled,
@@ -70,7 +71,7 @@ fn tasks_payloads_keys_and_timelines_read_back() {
                 Some("by hand".into()),
             )
             .unwrap();
-        engine.apply(&change);
+        engine.test_apply(&change);
         store.commit(&change).unwrap();
     }
     assert_eq!(store.payload(a.id).unwrap().unwrap(), br#"{"eye":"left"}"#);
@@ -118,7 +119,7 @@ fn listing_filters_pages_and_respects_its_scan_budget() {
     }
     let cancelled = store.task(ids[4]).unwrap().unwrap();
     let change = engine
-        .plan_transition(5_000, &cancelled, State::Cancelled, Actor::api(), None)
+        .test_plan_transition(5_000, &cancelled, State::Cancelled, Actor::api(), None)
         .unwrap();
     store.commit(&change).unwrap();
 
@@ -186,7 +187,7 @@ fn recovery_finds_numbering_counts_and_live_tasks_after_reopening() {
             &submission("k", "d", None, serde_json::Value::Null),
         );
         let change = engine
-            .plan_transition(12, &a, State::Cancelled, Actor::api(), None)
+            .test_plan_transition(12, &a, State::Cancelled, Actor::api(), None)
             .unwrap();
         store.commit(&change).unwrap();
         store.sync().unwrap();
@@ -277,9 +278,9 @@ fn commits_that_never_reached_sled_come_back_from_the_write_ahead_log() {
         for state in [State::Claimed, State::Cancelled] {
             let task = store.task(other.id).unwrap().unwrap();
             let change = engine
-                .plan_transition(13, &task, state, Actor::api(), None)
+                .test_plan_transition(13, &task, state, Actor::api(), None)
                 .unwrap();
-            engine.apply(&change);
+            engine.test_apply(&change);
             store.commit(&change).unwrap();
         }
         store.sync().unwrap();
@@ -364,7 +365,7 @@ fn listing_merges_what_is_only_in_the_log_with_what_is_in_sled() {
     // Task 1 is in sled as queued, and cancelled in the log only.
     let task = store.task(ids[1]).unwrap().unwrap();
     let change = engine
-        .plan_transition(9, &task, State::Cancelled, Actor::api(), None)
+        .test_plan_transition(9, &task, State::Cancelled, Actor::api(), None)
         .unwrap();
     store.commit(&change).unwrap();
     let query = |state, after, limit| ListQuery {

@@ -3,6 +3,11 @@
 //! back at start (`Recovery`) are the model's (`sluice-model`, `change.rs`). Backends are crates
 //! of their own that implement these traits: `sluice-store-sled` is the embedded default,
 //! `sluice-store-postgres` the shared one for several replicas; this crate names neither.
+//! `memory` is a policy catalog in memory, for registries that live for one run.
+
+mod memory;
+
+pub use memory::MemoryCatalog;
 
 use std::collections::HashMap;
 

@@ -49,6 +49,7 @@ impl TaskCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_engine::testing::EngineTestSupport;
     use sluice_model::{Limits, State, TaskSpec};
 
     fn task(n: u128, state: State) -> Task {
@@ -57,7 +58,7 @@ mod tests {
         let engine = sluice_engine::Engine::default();
         let admission = submission.native_admission(0);
         let mut task = engine
-            .plan_create(1, n, &submission, &admission)
+            .test_plan_create(1, n, &submission, &admission)
             .writes
             .remove(0)
             .task;

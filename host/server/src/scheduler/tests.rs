@@ -2,6 +2,7 @@
 //! a test needs a commit to fail or a sync to wait.
 
 use super::*;
+use sluice_engine::testing::EngineTestSupport;
 use sluice_engine::{NativeDecider, StepError};
 use sluice_model::{Change, KeyRecord, Limits, Recovery, State, TaskSpec};
 use sluice_store::{ListPage, ListQuery};
@@ -591,7 +592,7 @@ async fn tasks_left_created_are_admitted_at_start() {
         let submitted = submission(Some("half-done"), serde_json::json!({"x": 1}));
         let admission = submitted.native_admission(0);
         let mut change =
-            sluice_engine::Engine::default().plan_create(500, 7, &submitted, &admission);
+            sluice_engine::Engine::default().test_plan_create(500, 7, &submitted, &admission);
         change.events.truncate(1);
         let task = &mut change.writes[0].task;
         task.state = State::Created;

@@ -8,7 +8,7 @@ use sluice_policy_runtime::{
     Check, Kind, PolicyRegistry, PolicyRuntime, RegistryError, RegistryOptions, RuntimeOptions,
     UploadOptions,
 };
-use sluice_store_sled::{SledOptions, SledStore};
+use sluice_store::MemoryCatalog;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -225,20 +225,10 @@ fn rust_files(kind: Kind, name: &str) -> Vec<(String, String)> {
     files
 }
 
-/// A registry over a throwaway store: the server's validation, with nothing kept. Its
+/// A registry over a catalog in memory: the server's validation, with nothing kept. Its
 /// runtime may grant what was asked (the server's own maximum is checked at upload).
-fn scratch_registry(
-    grants: super::policy::GrantArgs,
-) -> anyhow::Result<(tempfile::TempDir, PolicyRegistry)> {
-    let dir = tempfile::tempdir().context("a temporary directory")?;
-    let store = Arc::new(SledStore::open(
-        dir.path(),
-        &SledOptions {
-            fdatasync: false,
-            min_free_disk_bytes: 0,
-            ..SledOptions::default()
-        },
-    )?);
+fn scratch_registry(grants: super::policy::GrantArgs) -> anyhow::Result<PolicyRegistry> {
+    let store = Arc::new(MemoryCatalog::new());
     let defaults = RuntimeOptions::default();
     let options = RuntimeOptions {
         max_memory_limit_bytes: grants
@@ -252,8 +242,11 @@ fn scratch_registry(
         ..defaults
     };
     let runtime = Arc::new(PolicyRuntime::new(options)?);
-    let registry = PolicyRegistry::open(runtime, store, RegistryOptions::default())?;
-    Ok((dir, registry))
+    Ok(PolicyRegistry::open(
+        runtime,
+        store,
+        RegistryOptions::default(),
+    )?)
 }
 
 /// Validates `bytes` as an upload would: as `kind`, or as whichever kind's world it is.
@@ -264,8 +257,8 @@ pub fn check(
     config: Option<String>,
     grants: super::policy::GrantArgs,
     data: &[(String, Vec<u8>)],
-) -> anyhow::Result<(Kind, tempfile::TempDir, PolicyRegistry, u32)> {
-    let (dir, registry) = scratch_registry(grants)?;
+) -> anyhow::Result<(Kind, PolicyRegistry, u32)> {
+    let registry = scratch_registry(grants)?;
     // The world it exports names its kind; only a component that exports none is tried as
     // each kind in turn, to say what each world lacks.
     let kind = kind.or_else(|| sluice_policy_runtime::exported_kind(bytes));
@@ -294,7 +287,7 @@ pub fn check(
                         Err(other) => return Err(other.into()),
                     }
                 }
-                return Ok((kind, dir, registry, version));
+                return Ok((kind, registry, version));
             }
             // Another kind's world: try the next kind unless one was named.
             Err(RegistryError::Refused {
@@ -328,7 +321,7 @@ pub fn bench(
     decisions: usize,
 ) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    let (kind, _dir, registry, version) = check(bytes, kind, config, grants, data)?;
+    let (kind, registry, version) = check(bytes, kind, config, grants, data)?;
     outln!(
         "a {kind} policy of {} bytes: validated in {:.0} ms (compile, init, conformance)",
         bytes.len(),

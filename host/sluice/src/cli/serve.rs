@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use sluice_server::config::{FileConfig, Overrides, ServeConfig};
-use sluice_server::replica::{self, Role};
+use sluice_server::replica::{self, ReplicaRole};
 use sluice_server::server::{AuthMode, Server};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -152,13 +152,13 @@ async fn serve_replica(config: ServeConfig) -> anyhow::Result<()> {
         .await
         .context("opening the store")??;
     let (server, listener) = match role {
-        Role::Leading(server) => {
+        ReplicaRole::Leading(server) => {
             let auth = auth_words(server.auth_mode());
             tracing::info!(%address, store, auth, "ready, leading");
             announce(server.scheme(), address, auth)?;
             (server, listener)
         }
-        Role::Following(follower) => {
+        ReplicaRole::Following(follower) => {
             let auth = auth_words(follower.auth_mode());
             tracing::info!(%address, store, auth, leader = follower.leader_address(), "ready, following");
             announce(follower.scheme(), address, auth)?;

@@ -18,7 +18,7 @@ pub use variant::{PolicyChoice, Variant};
 use crate::trace::{TraceError, TraceReader, TraceTask};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use sim_worker::SimWorker;
+use sim_worker::GpuWorker;
 use sluice_engine::sim::{Driver, START_MS};
 use sluice_engine::{EngineOptions, Input, Report};
 use sluice_model::{
@@ -57,8 +57,6 @@ pub enum ReplayError {
     Policy(#[from] sluice_policy_runtime::PolicyError),
     #[error(transparent)]
     Store(#[from] sluice_store::StoreError),
-    #[error("a scratch directory: {0}")]
-    Scratch(std::io::Error),
 }
 
 /// Workers of one shape: `COUNTxGPUS[:MEMORY_MB]`, one attempt per GPU at a time.
@@ -372,14 +370,13 @@ struct Attempt {
     ends_ms: u64,
 }
 
-/// Replays `trace` with `variant`'s policies; `scratch` holds its throwaway registry.
+/// Replays `trace` with `variant`'s policies, loaded into a registry held in memory.
 pub fn run(
     trace: &Trace,
     variant: &Variant,
     options: &ReplayOptions,
 ) -> Result<RunOutcome, ReplayError> {
-    let scratch = tempfile::tempdir().map_err(ReplayError::Scratch)?;
-    let loaded = variant.decider(scratch.path(), START_MS)?;
+    let loaded = variant.decider(START_MS)?;
     let engine = EngineOptions {
         // A trace's tasks are run whole: no searches fan out to shards here.
         split_kinds: Vec::new(),
@@ -417,7 +414,7 @@ struct Replay<'a> {
     options: &'a ReplayOptions,
     driver: Driver<ReplayStore>,
     chance: SmallRng,
-    workers: Vec<SimWorker>,
+    workers: Vec<GpuWorker>,
     /// Workers up with a slot free, by index.
     free: BTreeSet<usize>,
     /// Crashes and restarts due: (when, worker).
@@ -447,7 +444,7 @@ impl<'a> Replay<'a> {
         for group in &options.workers.groups {
             for _ in 0..group.count {
                 let n = workers.len();
-                workers.push(SimWorker {
+                workers.push(GpuWorker {
                     name: format!("sim-{n}"),
                     heartbeat: Heartbeat {
                         gpus: (0..group.gpus)

@@ -4,7 +4,7 @@ use super::NO_MODEL;
 use sluice_model::{Heartbeat, LoadedModel};
 
 /// A simulated worker.
-pub(super) struct SimWorker {
+pub(super) struct GpuWorker {
     pub(super) name: String,
     pub(super) heartbeat: Heartbeat,
     pub(super) slots: usize,
@@ -17,7 +17,7 @@ pub(super) struct SimWorker {
     pub(super) loaded: Vec<(u32, u64)>,
 }
 
-impl SimWorker {
+impl GpuWorker {
     /// Puts `model` on `gpu`; whether it had to be loaded. The heartbeat says so from now on.
     pub(super) fn load(
         &mut self,
@@ -58,7 +58,7 @@ mod tests {
     #[test]
     fn a_gpu_loads_a_model_once_says_so_and_forgets_it_in_a_crash() {
         let names = ["seg-a".to_owned(), "seg-b".to_owned()];
-        let mut worker = SimWorker {
+        let mut worker = GpuWorker {
             name: "sim-0".into(),
             heartbeat: Heartbeat::default(),
             slots: 2,

@@ -7,9 +7,9 @@ use sluice_model::PolicyKind;
 use sluice_policy_runtime::{
     PolicyDecider, PolicyRegistry, PolicyRuntime, RegistryOptions, RuntimeOptions, defaults,
 };
-use sluice_store_sled::{SledOptions, SledStore};
+use sluice_store::MemoryCatalog;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -159,17 +159,10 @@ impl Variant {
         Ok(vec![first, second])
     }
 
-    /// A registry in `dir` with this variant's components uploaded and active, checked as an
+    /// A registry in memory with this variant's components uploaded and active, checked as an
     /// upload to a server checks them, and the decider over it.
-    pub fn decider(&self, dir: &Path, now_ms: u64) -> Result<LoadedVariant, ReplayError> {
-        let store = Arc::new(SledStore::open(
-            dir,
-            &SledOptions {
-                fdatasync: false,
-                min_free_disk_bytes: 0,
-                ..SledOptions::default()
-            },
-        )?);
+    pub fn decider(&self, now_ms: u64) -> Result<LoadedVariant, ReplayError> {
+        let store = Arc::new(MemoryCatalog::new());
         let runtime = Arc::new(PolicyRuntime::new(RuntimeOptions::default())?);
         let registry = Arc::new(PolicyRegistry::open(
             runtime,

@@ -195,7 +195,7 @@ impl Queue {
         }
     }
 
-    async fn claim(&self, batch: usize) -> anyhow::Result<Vec<Claimed>> {
+    async fn claim(&self, batch: usize) -> anyhow::Result<Vec<ClaimedJob>> {
         match self {
             Queue::Direct(pool) => claim(pool, batch).await,
             Queue::Http { client, url } => {
@@ -236,7 +236,7 @@ async fn post(
 
 /// A claimed job as a worker needs it.
 #[derive(serde::Serialize, serde::Deserialize, sqlx::FromRow)]
-pub(super) struct Claimed {
+pub(super) struct ClaimedJob {
     pub id: i64,
     pub payload: serde_json::Value,
 }
@@ -256,7 +256,7 @@ pub(super) async fn insert(pool: &PgPool, numbers: &[i64]) -> anyhow::Result<()>
 }
 
 /// Takes up to `batch` ready jobs, most urgent first, with their payloads.
-pub(super) async fn claim(pool: &PgPool, batch: usize) -> anyhow::Result<Vec<Claimed>> {
+pub(super) async fn claim(pool: &PgPool, batch: usize) -> anyhow::Result<Vec<ClaimedJob>> {
     Ok(sqlx::query_as(
         "UPDATE jobs SET state = 1, attempts = attempts + 1, \
          locked_until = now() + interval '30 seconds' \

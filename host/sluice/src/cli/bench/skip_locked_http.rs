@@ -3,7 +3,7 @@
 //! can be measured through HTTP as Sluice is. Not a product: no auth, no limits beyond
 //! axum's body limit, errors answered 503 with the database's message.
 
-use super::skip_locked::{Claimed, Queue, claim, complete, insert};
+use super::skip_locked::{ClaimedJob, Queue, claim, complete, insert};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -24,7 +24,7 @@ async fn insert_jobs(State(pool): State<PgPool>, Json(numbers): Json<Vec<i64>>) 
     Ok(Json(()))
 }
 
-async fn claim_jobs(State(pool): State<PgPool>, Json(max): Json<usize>) -> Answer<Vec<Claimed>> {
+async fn claim_jobs(State(pool): State<PgPool>, Json(max): Json<usize>) -> Answer<Vec<ClaimedJob>> {
     if !(1..=MAX_CLAIM).contains(&max) {
         return Err((
             StatusCode::UNPROCESSABLE_ENTITY,

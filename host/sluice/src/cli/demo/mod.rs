@@ -162,7 +162,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     summary::watch_until_done(&client, expected, &submitting, started).await?;
     let elapsed = started.elapsed();
     let submitted = submitting.await??;
-    let report = summary::Report::gather(&client, submitted, &vectors, elapsed).await?;
+    let report = summary::Summary::gather(&client, submitted, &vectors, elapsed).await?;
     // Printed before the workers and the server stop; a failure to print is reported after.
     let printed = report.print(&url);
 

@@ -76,7 +76,7 @@ fn percentiles(values: &mut [u64]) -> Option<(u64, u64)> {
 }
 
 #[derive(Default)]
-pub struct Report {
+pub struct Summary {
     elapsed: Duration,
     by_state: BTreeMap<String, u64>,
     retries: u64,
@@ -90,16 +90,16 @@ pub struct Report {
     promotions: u64,
 }
 
-impl Report {
+impl Summary {
     pub async fn gather(
         client: &Client,
         submitted: Vec<Submitted>,
         vectors: &Vectors,
         elapsed: Duration,
-    ) -> anyhow::Result<Report> {
-        let mut report = Report {
+    ) -> anyhow::Result<Summary> {
+        let mut report = Summary {
             elapsed,
-            ..Report::default()
+            ..Summary::default()
         };
         // Read tasks and timelines 32 at a time.
         for chunk in submitted.chunks(32) {
