@@ -78,6 +78,12 @@ pub struct SubmitAnswer {
     pub replayed: bool,
 }
 
+/// How long an upload of a policy component or its data may take to its answer. The server
+/// compiles and checks a component before it answers (an interpreted one is tens of MiB), and
+/// bounds that with its own `request_timeout_ms`; this only keeps the client from giving up
+/// first.
+const POLICY_UPLOAD_TIMEOUT: Duration = Duration::from_secs(600);
+
 #[derive(Clone, Debug)]
 pub struct Client {
     http: reqwest::Client,
@@ -188,6 +194,7 @@ impl Client {
         let mut request = self
             .http
             .put(&url)
+            .timeout(POLICY_UPLOAD_TIMEOUT)
             .header(reqwest::header::CONTENT_TYPE, "application/wasm")
             .body(component);
         if let Some(signature) = signature {
@@ -220,6 +227,7 @@ impl Client {
         let mut request = self
             .http
             .put(&url)
+            .timeout(POLICY_UPLOAD_TIMEOUT)
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .body(bytes);
         if let Some(signature) = signature {
