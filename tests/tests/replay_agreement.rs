@@ -216,12 +216,8 @@ async fn a_trace_replayed_live_and_simulated_gives_the_same_waits_per_bucket() {
             lived.submit_ms = (created_ms - first_created_ms) * SCALE;
             assert!(held[index] > 0, "task {index} never held a slot");
             lived.service_ms = held[index] * SCALE;
-            lived.est_exec_ms = Some(
-                tasks[index]
-                    .est_exec_ms
-                    .unwrap_or(tasks[index].service_ms)
-                    .max(1),
-            );
+            // What the device estimated, as the server stored it (not the measured time).
+            lived.est_exec_ms = Some(task["est_exec_ms"].as_u64().unwrap());
             lived
         })
         .collect();
