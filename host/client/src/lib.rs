@@ -6,11 +6,10 @@ pub mod worker;
 
 // The model's types a client names, so one dependency is enough to embed the worker.
 pub use sluice_model::{FailureClass, Gpu, Heartbeat, LoadedModel, Priority, TaskId, TaskSpec};
-pub use sluice_wire::{ClaimResponse, LeaseGrant};
+pub use sluice_wire::{ClaimResponse, LeaseGrant, LeaseView, TaskView};
 
 use serde::Deserialize;
 use serde_json::Value;
-use sluice_model::Task;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +72,7 @@ struct ProblemBody {
 /// The answer to a submission.
 #[derive(Debug, Clone)]
 pub struct SubmitAnswer {
-    pub task: Task,
+    pub task: TaskView,
     /// True when the key already named this task and nothing new was created.
     pub replayed: bool,
 }
@@ -328,7 +327,7 @@ impl Client {
         lease_token: &str,
         report: &str,
         mut body: serde_json::Map<String, Value>,
-    ) -> Result<Task, ClientError> {
+    ) -> Result<TaskView, ClientError> {
         body.insert("lease_token".into(), Value::String(lease_token.to_owned()));
         self.post_json(&format!("/v1/tasks/{task}/{report}"), &body)
             .await

@@ -1,111 +1,78 @@
-//! The stored task record and its view over the API.
+//! The engine's task record. It has no serde: the API shows it as `sluice_wire::TaskView`, and
+//! each store encodes it in a versioned format of its own (`sluice_store::record`).
 
 use super::{Assignments, Priority, Resources, State, TaskId, VariantTag};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Why a task ended badly (or why its last attempt failed).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskError {
     pub class: String,
     pub message: String,
 }
 
-/// A task as stored and as shown by the API. The payload is stored beside it, not inside it, so
-/// that state changes do not rewrite up to a MiB of payload.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+/// A task as the engine keeps it. The payload is stored beside it, not inside it, so that state
+/// changes do not rewrite up to a MiB of payload.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Task {
     pub id: TaskId,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
     pub kind: String,
     pub priority: Priority,
     /// The bucket the task waits in now: as admitted, or higher after aging.
     pub bucket: Priority,
     /// Its order inside the bucket (lower first), as admitted.
-    #[serde(default)]
     pub rank: u64,
     /// How long one attempt may run before it is failed as timed out, as admitted.
-    #[serde(default)]
     pub attempt_timeout_ms: u64,
     pub device: String,
     pub tenant: String,
-    #[serde(default)]
     pub labels: BTreeMap<String, String>,
     pub est_exec_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
     /// `created_at_ms + deadline_ms`, when a deadline was given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_at_ms: Option<u64>,
     pub max_attempts: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback_url: Option<String>,
-    #[serde(default)]
     pub resources: Resources,
     /// See `TaskSpec::concurrency_key`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
     /// See `TaskSpec::preemptible`.
-    #[serde(default = "yes", skip_serializing_if = "super::spec::is_true")]
     pub preemptible: bool,
     /// Attempts stopped by preemption: they do not count against `max_attempts`, so the
     /// attempts spent are `attempt - preemptions`.
-    #[serde(default, skip_serializing_if = "is_zero")]
     pub preemptions: u32,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
     pub attempt: u32,
     pub state: State,
     /// When it entered its current bucket (admission or its last promotion), for aging.
-    #[serde(default)]
     pub bucket_since_ms: u64,
     /// The lease of the current attempt while Claimed or Running; after that, the last
     /// attempt's, so that a repeated report can be told from a stale one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<Lease>,
     /// While in RetryWait: when it goes back to its queue.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before_ms: Option<u64>,
     /// The completion callback's delivery, once the task is terminal and has a `callback_url`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback: Option<Callback>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<TaskError>,
     /// The `seq` of each of its events, oldest first: the index from a task into the log.
-    #[serde(default)]
     pub event_seqs: Vec<u64>,
     /// For a child of a split: the task it is part of.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<TaskId>,
     /// For a split parent: its children and how many have ended.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub family: Option<Family>,
     /// The leases of earlier attempts, newest last, at most `MAX_RETIRED_LEASES`: a report
     /// with one of their tokens comes from a genuinely stale holder (logged once per attempt);
     /// a token found neither here nor in `lease` never held the task, and writes nothing.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retired_leases: Vec<RetiredLease>,
     /// The experiment variants it was assigned at admission, one per kind at most; its
     /// decisions of that kind are the variant's for as long as the experiment runs.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub variants: Vec<VariantTag>,
     /// When its first attempt was claimed: the end of its first wait, which experiment
     /// reports measure.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_claimed_at_ms: Option<u64>,
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn is_zero(value: &u32) -> bool {
-    *value == 0
 }
 
 /// Earlier attempts' leases a task remembers, at most; a holder older than these is answered
@@ -114,13 +81,11 @@ pub const MAX_RETIRED_LEASES: usize = 4;
 
 /// What a task keeps of an earlier attempt's lease: a digest of its token (never the token),
 /// whose it was, and whether a refused report of it has been logged already.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RetiredLease {
     pub token_sha256: String,
     pub attempt: u32,
     pub worker: String,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refusal_logged: bool,
 }
 
@@ -132,8 +97,7 @@ pub fn token_digest(token: &str) -> String {
 }
 
 /// A split parent's bookkeeping: what it needs to merge without reading its payload again.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Family {
     pub parts: Vec<FamilyPart>,
     /// Children that have reached a terminal state.
@@ -141,13 +105,11 @@ pub struct Family {
     pub k: u32,
     pub allow_partial: bool,
     /// When it merges whatever has answered, if its children have not all ended by then.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge_at_ms: Option<u64>,
 }
 
 /// One child of a split parent.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Debug, PartialEq)]
 pub struct FamilyPart {
     pub task: TaskId,
     pub weight: f32,
@@ -157,8 +119,7 @@ pub struct FamilyPart {
 
 /// One attempt's hold on a task: only reports carrying `token` count, and only until
 /// `expires_at_ms` (which heartbeats push back, never past `attempt_ends_at_ms`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     pub worker: String,
     pub token: String,
@@ -167,38 +128,29 @@ pub struct Lease {
     /// Claim time plus the attempt timeout: past it the attempt fails as `timeout`.
     pub attempt_ends_at_ms: u64,
     /// When the attempt was leased (0 in records written before it was kept).
-    #[serde(default)]
     pub claimed_at_ms: u64,
     /// When the worker reported the start, if it did: execution time runs from here.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at_ms: Option<u64>,
     /// The worker's GPU this attempt occupies, by index in its heartbeat.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<u32>,
     /// Whether a refused report carrying this token has been logged: one event per attempt.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refusal_logged: bool,
     /// When the task ended (cancelled, or past its deadline) while this attempt held it. The
     /// worker learns it at its next report (`attempt-cancelled`), and its place (the GPU) stays
     /// counted as busy until `stopped_at_ms`: nothing is placed on a GPU still computing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at_ms: Option<u64>,
     /// When the worker said the attempt had stopped after `ended_at_ms`, or the lease ran out
     /// without it saying so (then this is at or after `expires_at_ms`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_at_ms: Option<u64>,
     /// The worker's name for the claim that granted this lease: the same claim sent again
     /// (its answer was lost, say with the replica that served it) is answered with the leases
     /// it granted instead of new ones.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_id: Option<String>,
     /// When an urgent task preempted this attempt: the worker learns it at its next report
     /// (`attempt-revoked`), and the place stays held until it says `stopped` (or the lease,
     /// no longer extended, runs out); then the task waits in its queue again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at_ms: Option<u64>,
     /// The urgent task this attempt was preempted for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_for: Option<super::TaskId>,
 }
 
@@ -210,15 +162,12 @@ impl Lease {
 }
 
 /// Delivery of a completion callback: at least once, retried with backoff up to a bound.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Callback {
     pub attempts: u32,
     /// When the next attempt is due (while one is in flight: when it is given up on).
     pub next_at_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered_at_ms: Option<u64>,
-    #[serde(default)]
     pub gave_up: bool,
 }
 

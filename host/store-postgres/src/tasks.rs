@@ -41,8 +41,10 @@ fn key_record(task: &[u8], fingerprint: &[u8]) -> Result<KeyRecord, StoreError> 
     })
 }
 
+/// A row's record: format 2 (postcard) as this release writes it, or the JSON of format 1 in a
+/// row an older release wrote and no change has rewritten since (`sluice_store::record`).
 fn decode_task(bytes: &[u8]) -> Result<Task, StoreError> {
-    serde_json::from_slice(bytes).map_err(|e| corrupt("task", e))
+    sluice_store::record::decode(bytes)
 }
 
 fn state_code(state: State) -> i16 {
@@ -78,7 +80,7 @@ fn codes(states: impl Iterator<Item = State>) -> Vec<i16> {
 fn row_of(task: &Task, payload: Option<&[u8]>) -> Result<Row, StoreError> {
     Ok(Row {
         state: state_code(task.state),
-        record: serde_json::to_vec(task).map_err(|e| corrupt("task", e))?,
+        record: sluice_store::record::encode(task)?,
         // A queued task's row carries its queue entry, so queues are rebuilt at start from
         // those alone.
         queue_entry: (task.state == State::Queued).then(|| QueueEntry::of(task).encode()),

@@ -477,3 +477,46 @@ fn readers_holding_every_shared_connection_stop_neither_commits_nor_the_lease() 
         assert_eq!(store.task(id).unwrap().map(|task| task.id), Some(id));
     }
 }
+
+/// Rows are written in format 2 (`sluice_store::record`), and a row an older release wrote in
+/// format 1 (JSON) is read as it was: nothing rewrites the table at open.
+#[test]
+fn rows_are_written_in_format_two_and_rows_of_format_one_still_read() {
+    let Some((db, store)) = leading_store() else {
+        return;
+    };
+    let mut engine = Engine::default();
+    let change = plan_create(&mut engine, 1_000, "format-1");
+    store.commit(&change).unwrap();
+    store.materialize().unwrap();
+    let task = change.writes[0].task.clone();
+    let id = task.id.to_bytes().to_vec();
+    let pool = store.pool();
+    let first_byte = |pool: sqlx::PgPool, id: Vec<u8>| async move {
+        sqlx::query_scalar::<_, i32>("SELECT get_byte(record, 0) FROM sluice_tasks WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .map_err(backend)
+    };
+    let written = store.block(first_byte(pool.clone(), id.clone())).unwrap();
+    assert_eq!(written, i32::from(sluice_store::record::FORMAT_VERSION));
+
+    // The row as a release of format 1 left it.
+    let legacy = serde_json::to_vec(&sluice_wire::TaskView::from(task.clone())).unwrap();
+    let (pool_for_update, id_for_update) = (pool.clone(), id.clone());
+    store
+        .block(async move {
+            sqlx::query("UPDATE sluice_tasks SET record = $1 WHERE id = $2")
+                .bind(legacy)
+                .bind(id_for_update)
+                .execute(&pool_for_update)
+                .await
+                .map_err(backend)
+        })
+        .unwrap();
+    assert_eq!(store.block(first_byte(pool, id)).unwrap(), i32::from(b'{'));
+    drop(store);
+    let reader = PgStore::open(&db.0, &PgOptions::default()).unwrap();
+    assert_eq!(reader.task(task.id).unwrap(), Some(task));
+}

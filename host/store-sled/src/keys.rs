@@ -16,6 +16,9 @@ pub fn callback(id: TaskId) -> [u8; 17] {
     prefixed(CALLBACK, id)
 }
 
+/// `F`: the data directory's format (`format.rs`), one byte.
+pub const FORMAT: [u8; 1] = [b'F'];
+
 /// `J`: the last commit of the write-ahead log that is in sled; the log up to it is spent.
 pub const WAL_FLOOR: [u8; 1] = [b'J'];
 

@@ -13,6 +13,7 @@
 //! and a share of one block: sled's cost is per key.
 
 mod access;
+mod format;
 mod keys;
 mod listing;
 mod materializer;
@@ -151,6 +152,7 @@ impl SledStore {
             space,
         });
         replay(&shared, logged, floor)?;
+        format::open(&shared.tree, dir)?;
         let materializer = if materialize {
             let shared = shared.clone();
             Some(
@@ -618,5 +620,7 @@ impl Store for SledStore {
     }
 }
 
+#[cfg(test)]
+mod format_tests;
 #[cfg(test)]
 mod tests;

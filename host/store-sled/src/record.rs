@@ -1,8 +1,9 @@
-//! The bytes of a task record: the task as JSON and, when it is small, the task's payload in the
-//! same value, so that a typical submission writes one key fewer. Larger payloads live under
-//! their own key and are not rewritten when the task changes state.
+//! The bytes of a task's value in sled: the task's record (`sluice_store::record`, which starts
+//! with its format's byte) and, when it is small, the task's payload in the same value, so that
+//! a typical submission writes one key fewer. Larger payloads live under their own key and are
+//! not rewritten when the task changes state.
 //!
-//! Layout: `[placement: u8][task length: u32 BE][task JSON][inline payload JSON]`.
+//! Layout: `[placement: u8][task length: u32 BE][task record][inline payload JSON]`.
 
 use sluice_store::StoreError;
 
@@ -27,22 +28,22 @@ pub fn tail_for(payload_json: &[u8]) -> Vec<u8> {
     }
 }
 
-pub fn encode(task_json: &[u8], tail: &[u8]) -> Result<Vec<u8>, StoreError> {
+pub fn encode(task: &[u8], tail: &[u8]) -> Result<Vec<u8>, StoreError> {
     let (placement, payload) = tail
         .split_first()
         .ok_or_else(|| corrupt("empty record tail"))?;
-    let length = u32::try_from(task_json.len()).map_err(|_| corrupt("task too large"))?;
-    let mut out = Vec::with_capacity(HEADER_BYTES + task_json.len() + payload.len());
+    let length = u32::try_from(task.len()).map_err(|_| corrupt("task too large"))?;
+    let mut out = Vec::with_capacity(HEADER_BYTES + task.len() + payload.len());
     out.push(*placement);
     out.extend_from_slice(&length.to_be_bytes());
-    out.extend_from_slice(task_json);
+    out.extend_from_slice(task);
     out.extend_from_slice(payload);
     Ok(out)
 }
 
 /// A decoded view of a record's bytes.
 pub struct Parts<'a> {
-    pub task_json: &'a [u8],
+    pub task: &'a [u8],
     pub inline_payload: Option<&'a [u8]>,
 }
 
@@ -67,7 +68,7 @@ pub fn split(bytes: &[u8]) -> Result<Parts<'_>, StoreError> {
         .and_then(|h| h.try_into().ok())
         .ok_or_else(|| corrupt("short record"))?;
     let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-    let task_json = bytes
+    let task = bytes
         .get(HEADER_BYTES..HEADER_BYTES + length)
         .ok_or_else(|| corrupt("truncated task"))?;
     let payload = &bytes[HEADER_BYTES + length..];
@@ -77,7 +78,7 @@ pub fn split(bytes: &[u8]) -> Result<Parts<'_>, StoreError> {
         other => return Err(corrupt(&format!("unknown payload placement {other}"))),
     };
     Ok(Parts {
-        task_json,
+        task,
         inline_payload,
     })
 }
@@ -98,7 +99,7 @@ mod tests {
         let small = tail_for(br#"{"eye":"left"}"#);
         let record = encode(br#"{"id":1}"#, &small).unwrap();
         let parts = split(&record).unwrap();
-        assert_eq!(parts.task_json, br#"{"id":1}"#);
+        assert_eq!(parts.task, br#"{"id":1}"#);
         assert_eq!(parts.inline_payload, Some(&br#"{"eye":"left"}"#[..]));
         assert_eq!(parts.tail(), small);
 
@@ -106,7 +107,7 @@ mod tests {
         let parts_large = encode(b"{}", &large).unwrap();
         let parts_large = split(&parts_large).unwrap();
         assert_eq!(parts_large.inline_payload, None);
-        assert_eq!(parts_large.task_json, b"{}");
+        assert_eq!(parts_large.task, b"{}");
 
         assert!(split(&[0, 0, 0]).is_err());
         assert!(split(&[0, 0, 0, 0, 9, b'{']).is_err());

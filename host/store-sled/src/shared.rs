@@ -203,7 +203,7 @@ impl Shared {
             } else {
                 CallbackMark::Keep
             };
-            let task_json = serde_json::to_vec(task).map_err(|e| corrupt("task", e))?;
+            let task_bytes = sluice_store::record::encode(task)?;
             writes.push(PendingWrite {
                 id,
                 previous,
@@ -211,15 +211,14 @@ impl Shared {
                 state: task.state,
                 callback,
                 index_value,
-                record: Arc::from(record::encode(&task_json, &tail)?),
+                record: Arc::from(record::encode(&task_bytes, &tail)?),
             });
         }
         Ok(writes)
     }
 
     pub(super) fn decode_task(bytes: &[u8]) -> Result<Task, StoreError> {
-        let parts = record::split(bytes)?;
-        serde_json::from_slice(parts.task_json).map_err(|e| corrupt("task", e))
+        sluice_store::record::decode(record::split(bytes)?.task)
     }
 
     /// The block of the log that holds event `seq`: the last block starting at or before it.

@@ -6,6 +6,7 @@
 //! `memory` is a policy catalog in memory, for registries that live for one run.
 
 mod memory;
+pub mod record;
 
 pub use memory::MemoryCatalog;
 

@@ -1,11 +1,17 @@
-//! The HTTP API's request and response types that clients and the server share: what a worker
-//! claims and is granted, the body that asks for a token, and the headers both sides name. The
+//! The HTTP API's request and response types that clients and the server share: a task as the
+//! API shows it (`TaskView`), what a worker claims and is granted, the body that asks for a token, and the headers both sides name. The
 //! server builds its routes on these; `sluice-client` speaks them without compiling the server.
 //! The OpenAPI schemas (utoipa) are behind the `openapi` feature, which only the server turns on.
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use sluice_model::{Role, Task};
+use sluice_model::Role;
+
+mod task;
+
+pub use task::{
+    CallbackView, FamilyPartView, FamilyView, LeaseView, RetiredLeaseView, TaskErrorView, TaskView,
+};
 
 /// Tasks one claim may ask for.
 pub const MAX_CLAIM: usize = 64;
@@ -18,7 +24,7 @@ pub const SIGNATURE_HEADER: &str = "sluice-signature";
 #[derive(Serialize, Deserialize, Debug, Clone)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LeaseGrant {
-    pub task: Task,
+    pub task: TaskView,
     #[cfg_attr(feature = "openapi", schema(value_type = Option<serde_json::Value>))]
     pub payload: Option<Box<RawValue>>,
     pub attempt: u32,

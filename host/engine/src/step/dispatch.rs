@@ -368,7 +368,8 @@ impl Stepper<'_> {
     /// in `room_bytes`; answers the body's size when it did.
     fn send_callback(&mut self, now_ms: u64, task: &Task, room_bytes: usize) -> Option<usize> {
         let url = task.callback_url.clone()?;
-        let body = match serde_json::to_vec(&task.clone().without_token()) {
+        let view = sluice_wire::TaskView::from(task.clone().without_token());
+        let body = match serde_json::to_vec(&view) {
             Ok(body) => body,
             Err(error) => {
                 tracing::error!(task_id = %task.id, %error, "cannot encode a callback");

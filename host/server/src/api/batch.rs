@@ -4,6 +4,7 @@
 use super::problem::{ApiError, Problem};
 use serde::Serialize;
 use sluice_model::Task;
+use sluice_wire::TaskView;
 use std::future::Future;
 
 /// A batch's answer: one result per item, in order.
@@ -17,7 +18,7 @@ pub struct BatchResponse {
 pub struct BatchItem {
     status: u16,
     #[serde(skip_serializing_if = "Option::is_none")]
-    task: Option<Task>,
+    task: Option<TaskView>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     replayed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -28,7 +29,7 @@ impl BatchItem {
     pub fn task(status: u16, task: Task, replayed: bool) -> Self {
         BatchItem {
             status,
-            task: Some(task),
+            task: Some(task.into()),
             replayed,
             problem: None,
         }

@@ -15,7 +15,8 @@ use axum::http::HeaderMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use sluice_engine::Report;
-use sluice_model::{FailureClass, Role, Task, TaskId, token_digest};
+use sluice_model::{FailureClass, Role, TaskId, token_digest};
+use sluice_wire::TaskView;
 
 /// Reports one batch may carry.
 pub const MAX_BATCH_REPORTS: usize = 1000;
@@ -52,14 +53,14 @@ pub struct FailRequest {
 #[utoipa::path(post, path = "/v1/tasks/{id}/start", tag = "workers",
     params(("id" = TaskId, Path, description = "The task's id")),
     request_body = TokenOnly,
-    responses((status = 200, description = "The task after the report", body = Task)))]
+    responses((status = 200, description = "The task after the report", body = TaskView)))]
 pub async fn start(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
     headers: HeaderMap,
     raw: Body,
-) -> Result<Json<Task>, ApiError> {
+) -> Result<Json<TaskView>, ApiError> {
     token_report(&state, &caller, id, &headers, raw, Report::Start).await
 }
 
@@ -68,14 +69,14 @@ pub async fn start(
 #[utoipa::path(post, path = "/v1/tasks/{id}/heartbeat", tag = "workers",
     params(("id" = TaskId, Path, description = "The task's id")),
     request_body = TokenOnly,
-    responses((status = 200, description = "The task after the report", body = Task)))]
+    responses((status = 200, description = "The task after the report", body = TaskView)))]
 pub async fn heartbeat(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
     headers: HeaderMap,
     raw: Body,
-) -> Result<Json<Task>, ApiError> {
+) -> Result<Json<TaskView>, ApiError> {
     token_report(&state, &caller, id, &headers, raw, Report::Heartbeat).await
 }
 
@@ -84,14 +85,14 @@ pub async fn heartbeat(
 #[utoipa::path(post, path = "/v1/tasks/{id}/stopped", tag = "workers",
     params(("id" = TaskId, Path, description = "The task's id")),
     request_body = TokenOnly,
-    responses((status = 200, description = "The task after the report", body = Task)))]
+    responses((status = 200, description = "The task after the report", body = TaskView)))]
 pub async fn stopped(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
     headers: HeaderMap,
     raw: Body,
-) -> Result<Json<Task>, ApiError> {
+) -> Result<Json<TaskView>, ApiError> {
     token_report(&state, &caller, id, &headers, raw, Report::Stopped).await
 }
 
@@ -103,7 +104,7 @@ async fn token_report(
     headers: &HeaderMap,
     raw: Body,
     report: Report,
-) -> Result<Json<Task>, ApiError> {
+) -> Result<Json<TaskView>, ApiError> {
     let Decoded {
         value: request,
         _budget,
@@ -115,7 +116,7 @@ async fn token_report(
         .scheduler
         .report(id, request.lease_token, report)
         .await?;
-    Ok(Json(task))
+    Ok(Json(task.into()))
 }
 
 /// The attempt succeeded, with its result. 409 `stale-lease` for a token that no longer holds the task, 409
@@ -123,14 +124,14 @@ async fn token_report(
 #[utoipa::path(post, path = "/v1/tasks/{id}/complete", tag = "workers",
     params(("id" = TaskId, Path, description = "The task's id")),
     request_body = CompleteRequest,
-    responses((status = 200, description = "The task after the report", body = Task)))]
+    responses((status = 200, description = "The task after the report", body = TaskView)))]
 pub async fn complete(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
     headers: HeaderMap,
     raw: Body,
-) -> Result<Json<Task>, ApiError> {
+) -> Result<Json<TaskView>, ApiError> {
     let limit = state.limits.max_result_bytes + 64 * 1024;
     let Decoded {
         value: request,
@@ -144,7 +145,7 @@ pub async fn complete(
         .scheduler
         .report(id, request.lease_token, Report::Complete { result })
         .await?;
-    Ok(Json(task))
+    Ok(Json(task.into()))
 }
 
 /// The attempt failed; the retry policy decides what follows. 409 `stale-lease` for a token that no longer holds the task, 409
@@ -152,14 +153,14 @@ pub async fn complete(
 #[utoipa::path(post, path = "/v1/tasks/{id}/fail", tag = "workers",
     params(("id" = TaskId, Path, description = "The task's id")),
     request_body = FailRequest,
-    responses((status = 200, description = "The task after the report", body = Task)))]
+    responses((status = 200, description = "The task after the report", body = TaskView)))]
 pub async fn fail(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
     headers: HeaderMap,
     raw: Body,
-) -> Result<Json<Task>, ApiError> {
+) -> Result<Json<TaskView>, ApiError> {
     let Decoded {
         value: request,
         _budget,
@@ -184,7 +185,7 @@ pub async fn fail(
             },
         )
         .await?;
-    Ok(Json(task))
+    Ok(Json(task.into()))
 }
 
 /// A worker token reports only on the leases it was given: a lease of another worker's is

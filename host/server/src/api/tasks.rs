@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sluice_model::{Event, Role, State, Task, TaskId, TaskSpec};
 use sluice_store::ListQuery;
+use sluice_wire::TaskView;
 use tracing::Instrument;
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -59,8 +60,8 @@ fn visible_task(state: &AppState, caller: &Principal, id: TaskId) -> Result<Task
     request_body = TaskSpec,
     params(("Idempotency-Key" = Option<String>, Header, description = "An idempotency key, if the body has none")),
     responses(
-        (status = 201, description = "Created", body = Task),
-        (status = 200, description = "The task the key already named", body = Task),
+        (status = 201, description = "Created", body = TaskView),
+        (status = 200, description = "The task the key already named", body = TaskView),
     ))]
 pub async fn submit(
     Shared(state): Shared<AppState>,
@@ -105,7 +106,8 @@ fn submitted_response(submitted: Submitted) -> Response {
     };
     let location = format!("/v1/tasks/{}", submitted.task.id);
     // A replayed task may be leased: its token is for the worker that claimed it, no one else.
-    let mut response = (status, Json(submitted.task.without_token())).into_response();
+    let mut response =
+        (status, Json(TaskView::from(submitted.task.without_token()))).into_response();
     let headers = response.headers_mut();
     if let Ok(location) = HeaderValue::from_str(&location) {
         headers.insert(header::LOCATION, location);
@@ -201,7 +203,7 @@ pub async fn submit_batch(
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct TaskWithPayload {
     #[serde(flatten)]
-    task: Task,
+    task: TaskView,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<serde_json::Value>)]
     payload: Option<Box<RawValue>>,
@@ -246,7 +248,7 @@ pub async fn get(
     let payload = stored_payload(&state, id)?;
     let waiting_reason = waiting_reason(&state, &task);
     Ok(Json(TaskWithPayload {
-        task,
+        task: task.into(),
         payload,
         waiting_reason,
     }))
@@ -294,7 +296,7 @@ pub(super) fn page_limit(
 
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ListResponse {
-    tasks: Vec<Task>,
+    tasks: Vec<TaskView>,
     next_after: Option<TaskId>,
 }
 
@@ -337,7 +339,7 @@ pub async fn list(
             .tasks
             .into_iter()
             .filter(|task| caller.sees(task))
-            .map(Task::without_token)
+            .map(|task| task.without_token().into())
             .collect(),
         next_after: page.next_after,
     }))
@@ -379,13 +381,13 @@ pub async fn events(
 /// Cancels a task that has not ended; a worker holding it is told at its next report.
 #[utoipa::path(post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
     params(("id" = TaskId, Path, description = "The task's id")),
-    responses((status = 200, description = "The cancelled task", body = Task)))]
+    responses((status = 200, description = "The cancelled task", body = TaskView)))]
 pub async fn cancel(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
     TaskIdPath(id): TaskIdPath,
-) -> Result<Json<Task>, ApiError> {
+) -> Result<Json<TaskView>, ApiError> {
     visible_task(&state, &caller, id)?;
     let task = state.scheduler.cancel(id, caller.actor()).await?;
-    Ok(Json(task.without_token()))
+    Ok(Json(task.without_token().into()))
 }

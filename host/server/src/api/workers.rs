@@ -224,7 +224,7 @@ fn grants(state: &AppState, mut answer: ClaimAnswer) -> Result<Vec<LeaseGrant>, 
                 payload: payload
                     .map(|bytes| super::tasks::payload_json(task.id, bytes))
                     .transpose()?,
-                task,
+                task: task.into(),
             })
         })
         .collect()

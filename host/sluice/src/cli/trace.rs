@@ -114,9 +114,9 @@ async fn export_trace(
             query.push(("after", after.clone()));
         }
         let mut page = client.list(&query).await?;
-        let listed: Vec<Task> = serde_json::from_value(page["tasks"].take())
+        let listed: Vec<sluice_wire::TaskView> = serde_json::from_value(page["tasks"].take())
             .context("the server's task list is not what this version reads")?;
-        tasks.extend(listed);
+        tasks.extend(listed.into_iter().map(Task::from));
         if tasks.len() > max_tasks {
             anyhow::bail!("the server holds more than --max-tasks {max_tasks} tasks");
         }

@@ -1,0 +1,61 @@
+//! The bytes of a stored task: a versioned, compact encoding of `sluice_model::Task` that both
+//! backends write, apart from the API's JSON (`sluice_wire::TaskView`), so that renaming an API
+//! field is not a data migration and a state change does not re-encode ~620 bytes of JSON.
+//!
+//! Every record starts with its format's byte:
+//! - `FORMAT_VERSION` (2): postcard (varint integers, length-prefixed strings) of `v2::TaskV2`,
+//!   fields in declaration order. Postcard has no field names and no defaults, so a change to
+//!   `TaskV2` is a new format: add `v3`, keep `v2` for reading, and bump `FORMAT_VERSION`.
+//! - `{` (format 1): the JSON that Sluice wrote before format 2, which was also the API's shape.
+//!   It is read (`v1`) so that a data directory written then opens; it is never written.
+//!
+//! Records are decoded with every bound a stored value could break checked (a state code, a
+//! priority index, an experiment's kind): a bad record is `StoreError::Corrupt`, never a panic.
+
+mod v1;
+mod v2;
+
+use crate::StoreError;
+use sluice_model::Task;
+
+/// The format this release writes, first byte of every task record.
+pub const FORMAT_VERSION: u8 = 2;
+
+/// The first byte of a format-1 (JSON) record.
+const LEGACY_JSON_FIRST_BYTE: u8 = b'{';
+
+/// The record of `task`, in the current format.
+pub fn encode(task: &Task) -> Result<Vec<u8>, StoreError> {
+    v2::encode(task)
+}
+
+/// The task a record holds, in whichever format it was written.
+pub fn decode(bytes: &[u8]) -> Result<Task, StoreError> {
+    match bytes.first() {
+        Some(&FORMAT_VERSION) => v2::decode(&bytes[1..]),
+        Some(&LEGACY_JSON_FIRST_BYTE) => v1::decode(bytes),
+        Some(other) => Err(corrupt(format!(
+            "record format {other} is not one this release reads (it writes {FORMAT_VERSION}); \
+             was the data written by a newer Sluice?"
+        ))),
+        None => Err(corrupt("empty record".to_owned())),
+    }
+}
+
+/// The format a record was written in: `FORMAT_VERSION`, 1 for legacy JSON, or the unknown byte.
+pub fn format_of(bytes: &[u8]) -> Option<u8> {
+    match bytes.first() {
+        Some(&LEGACY_JSON_FIRST_BYTE) => Some(1),
+        other => other.copied(),
+    }
+}
+
+fn corrupt(detail: String) -> StoreError {
+    StoreError::Corrupt {
+        what: "task",
+        detail,
+    }
+}
+
+#[cfg(test)]
+mod tests;
