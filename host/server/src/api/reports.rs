@@ -307,7 +307,7 @@ impl BatchItemRequest {
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct BatchRequest {
+pub struct ReportBatchRequest {
     /// At most 1,000 reports, each answered on its own.
     #[schema(value_type = Vec<BatchItemRequest>)]
     reports: Vec<Box<RawValue>>,
@@ -316,7 +316,7 @@ pub struct BatchRequest {
 /// `POST /v1/reports`: many reports in one request (a worker finishing a batch of tasks at
 /// once), one durable write for all; each is judged and answered on its own, in order.
 #[utoipa::path(post, path = "/v1/reports", tag = "workers",
-    request_body = BatchRequest,
+    request_body = ReportBatchRequest,
     responses((status = 200, description = "One result per report, in order", body = BatchResponse)))]
 pub async fn batch(
     Shared(state): Shared<AppState>,
@@ -329,7 +329,7 @@ pub async fn batch(
         value: request,
         _budget,
     } = state
-        .read_json::<BatchRequest>(&headers, raw, limit)
+        .read_json::<ReportBatchRequest>(&headers, raw, limit)
         .await?;
     if request.reports.len() > MAX_BATCH_REPORTS {
         return Err(ApiError::InvalidRequest(format!(

@@ -132,7 +132,7 @@ fn idempotency_header(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct BatchRequest {
+pub struct SubmitBatchRequest {
     /// At most 1,000 submissions, each answered on its own.
     #[schema(value_type = Vec<TaskSpec>)]
     tasks: Vec<Box<RawValue>>,
@@ -152,7 +152,7 @@ impl BatchItem {
 
 /// Submits up to 1,000 tasks in one durable write; each item is answered in place.
 #[utoipa::path(post, path = "/v1/tasks:batch", tag = "tasks",
-    request_body = BatchRequest,
+    request_body = SubmitBatchRequest,
     responses((status = 200, description = "One result per item, in order", body = BatchResponse)))]
 pub async fn submit_batch(
     Shared(state): Shared<AppState>,
@@ -162,7 +162,7 @@ pub async fn submit_batch(
 ) -> Result<Json<BatchResponse>, ApiError> {
     state.refuse_if_draining()?;
     let limits = &state.limits;
-    let decoded: Decoded<BatchRequest> = read_json(
+    let decoded: Decoded<SubmitBatchRequest> = read_json(
         &headers,
         body,
         limits.batch_body_bytes,
