@@ -68,7 +68,7 @@ pub struct ExperimentReport {
 }
 
 #[derive(Default)]
-struct Tally {
+struct VariantTally {
     tasks: u64,
     waiting: u64,
     ended: BTreeMap<State, u64>,
@@ -78,7 +78,7 @@ struct Tally {
     waits_ms: [Vec<u64>; 3],
 }
 
-impl Tally {
+impl VariantTally {
     fn add(&mut self, task: &Task) {
         self.tasks += 1;
         self.retries += u64::from(task.attempt.saturating_sub(1));
@@ -104,10 +104,10 @@ pub fn report<E>(
     runtime: Option<Vec<ArmFigures>>,
     mut list: impl FnMut(&ListQuery) -> Result<ListPage, E>,
 ) -> Result<ExperimentReport, E> {
-    let mut tallies: Vec<Tally> = experiment
+    let mut tallies: Vec<VariantTally> = experiment
         .variants
         .iter()
-        .map(|_| Tally::default())
+        .map(|_| VariantTally::default())
         .collect();
     // Ids begin with their creation ms: the first task of the experiment comes after this.
     let mut after = Some(TaskId::from_u128(
@@ -195,7 +195,7 @@ pub fn report<E>(
 
 fn figures(
     variant: &sluice_model::VariantSpec,
-    tally: &mut Tally,
+    tally: &mut VariantTally,
     runtime: Option<ArmFigures>,
 ) -> VariantFigures {
     let ended = |state| tally.ended.get(&state).copied().unwrap_or(0);

@@ -1,5 +1,6 @@
 //! The event log in PostgreSQL: one row per group commit (a block), not one per event. A block
-//! holds a run of consecutive `seq`s as their JSON side by side, with the offset of each, so
+//! holds a run of consecutive `seq`s side by side (`sluice_store::record::event`: format 2, or
+//! the JSON of format 1 in blocks written before), with the offset of each, so
 //! one event is read by slicing its block and a commit writes one row and one index entry
 //! however many events it logs (five a task's life: a row each cost a third of a commit).
 
@@ -49,7 +50,7 @@ impl Block {
         let mut offsets = Vec::with_capacity(events.len() + 1);
         for event in events {
             offsets.push(offset(bytes.len())?);
-            serde_json::to_writer(&mut bytes, event).map_err(|e| corrupt("event", e))?;
+            sluice_store::record::event::encode_event_into(event, &mut bytes)?;
         }
         offsets.push(offset(bytes.len())?);
         Ok(Block {
@@ -66,8 +67,9 @@ fn offset(length: usize) -> Result<i32, StoreError> {
     i32::try_from(length).map_err(|_| corrupt("commit", "a block of events over 2 GiB"))
 }
 
+/// One event of a block: format 2 as written now, or the JSON of a block written before.
 fn decode(bytes: &[u8]) -> Result<Event, StoreError> {
-    serde_json::from_slice(bytes).map_err(|e| corrupt("event log", e))
+    sluice_store::record::event::decode_event(bytes)
 }
 
 /// The events of one block row after `after_seq`, at most `limit`.

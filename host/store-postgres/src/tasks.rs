@@ -97,7 +97,7 @@ fn row_of(task: &Task, payload: Option<&[u8]>) -> Result<Row, StoreError> {
 
 /// A commit as it is sent, built before any connection is taken: its task rows (kept for the
 /// overlay once the commit is in) and their write-ahead record, keys, events and worker log.
-struct Planned {
+struct PlannedCommit {
     rows: Vec<(TaskId, Row)>,
     wal_record: Option<Vec<u8>>,
     key_names: Vec<String>,
@@ -109,7 +109,7 @@ struct Planned {
     worker_bytes: Vec<Vec<u8>>,
 }
 
-fn plan(change: &Change) -> Result<Planned, StoreError> {
+fn plan(change: &Change) -> Result<PlannedCommit, StoreError> {
     // One row per task, as the change leaves it.
     let mut order: Vec<TaskId> = Vec::new();
     let mut latest: TaskIdMap<&Task> = TaskIdMap::default();
@@ -130,7 +130,7 @@ fn plan(change: &Change) -> Result<Planned, StoreError> {
         };
         rows.push((id, row_of(task, payloads.get(&id).copied())?));
     }
-    let mut planned = Planned {
+    let mut planned = PlannedCommit {
         wal_record: None,
         key_names: Vec::new(),
         key_tasks: Vec::new(),
@@ -177,7 +177,7 @@ fn plan(change: &Change) -> Result<Planned, StoreError> {
 async fn write(
     pool: &sqlx::PgPool,
     epoch: u64,
-    planned: Planned,
+    planned: PlannedCommit,
 ) -> Result<(i64, Vec<(TaskId, Row)>), StoreError> {
     let wal_id: i64 = sqlx::query_scalar(
         "SELECT sluice_log_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
@@ -203,7 +203,11 @@ async fn write(
 
 impl PgStore {
     /// Commits `change`, from `planned` when it was encoded ahead (`prepare_commit`).
-    fn commit_planned(&self, change: &Change, planned: Option<Planned>) -> Result<(), StoreError> {
+    fn commit_planned(
+        &self,
+        change: &Change,
+        planned: Option<PlannedCommit>,
+    ) -> Result<(), StoreError> {
         self.refuse_if_failed()?;
         if change.is_empty() {
             return Ok(());
@@ -256,7 +260,7 @@ impl Store for PgStore {
     }
 
     fn commit_prepared(&self, change: &Change, prepared: PreparedCommit) -> Result<(), StoreError> {
-        self.commit_planned(change, prepared.into_inner::<Planned>())
+        self.commit_planned(change, prepared.into_inner::<PlannedCommit>())
     }
 
     fn sync(&self) -> Result<(), StoreError> {

@@ -91,7 +91,7 @@ fn length(n: usize) -> Result<u32, StoreError> {
 
 /// The rows of one record, in the order they were written.
 pub(super) fn decode(bytes: &[u8]) -> Result<Vec<(TaskId, Row)>, StoreError> {
-    let mut input = Input(bytes);
+    let mut input = ByteCursor(bytes);
     let version = input.take(1)?[0];
     if version != VERSION {
         return Err(corrupt(
@@ -159,9 +159,9 @@ fn short() -> StoreError {
     corrupt("write-ahead record", "cut short")
 }
 
-struct Input<'a>(&'a [u8]);
+struct ByteCursor<'a>(&'a [u8]);
 
-impl<'a> Input<'a> {
+impl<'a> ByteCursor<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
         if self.0.len() < n {
             return Err(short());

@@ -102,6 +102,18 @@ fn a_directory_of_format_one_opens_migrated_with_every_task_as_it_was() {
     assert_eq!(lease.worker, "gpu-1");
     assert!(!lease.token.is_empty());
 
+    // The event log's blocks stay as format 1 wrote them (JSON) and read back: every event a
+    // task lists is in the log, in order.
+    let events = store.events_after(0, 1_000).unwrap();
+    assert!(events.windows(2).all(|pair| pair[1].seq == pair[0].seq + 1));
+    for (id, _) in &expected {
+        let task = store.task(*id).unwrap().unwrap();
+        for seq in &task.event_seqs {
+            let event = events.iter().find(|e| e.seq == *seq).unwrap();
+            assert_eq!(event.task_id, *id);
+        }
+    }
+
     // Recovery rebuilds the queues from the two queued tasks and the leases from the claimed one.
     let recovery = store.recover().unwrap();
     assert_eq!(recovery.queued.len(), 2);

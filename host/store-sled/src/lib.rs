@@ -350,7 +350,7 @@ impl Store for SledStore {
         }
         entry.writes = shared.pending_writes(change, &tails)?;
         if let Some(first) = change.events.first() {
-            let block = serde_json::to_vec(&change.events).map_err(|e| corrupt("event", e))?;
+            let block = sluice_store::record::event::encode_block(&change.events)?;
             entry.blocks.push((first.seq, Arc::from(block)));
         }
         for event in &change.worker_events {
@@ -529,8 +529,7 @@ impl Store for SledStore {
             .map(|entry| entry.map(|(_, bytes)| Arc::<[u8]>::from(&bytes[..])));
         let mut events: Vec<Event> = Vec::new();
         for bytes in stored.chain(pending.into_iter().map(Ok)) {
-            let block: Vec<Event> = serde_json::from_slice(&bytes.map_err(sled_error)?)
-                .map_err(|e| corrupt("event log", e))?;
+            let block = sluice_store::record::event::decode_block(&bytes.map_err(sled_error)?)?;
             for event in block {
                 if events.len() >= limit {
                     return Ok(events);

@@ -26,7 +26,7 @@ pub(super) fn list(shared: &Shared, query: &ListQuery) -> Result<ListPage, Store
     };
     // For each task the overlay holds past `after`: its record when it is in the state asked
     // for, or nothing (so that the tree's stale entry is skipped too).
-    let mut pending: Vec<Held> = lock(&shared.overlay)
+    let mut pending: Vec<HeldRecord> = lock(&shared.overlay)
         .tasks()
         .filter(|(id, _)| query.after.is_none_or(|after| **id > after))
         .map(|(id, held)| {
@@ -69,13 +69,13 @@ pub(super) fn list(shared: &Shared, query: &ListQuery) -> Result<ListPage, Store
 }
 
 /// A task the overlay holds, with its record when it is one the listing wants.
-type Held = (TaskId, Option<Arc<[u8]>>);
+type HeldRecord = (TaskId, Option<Arc<[u8]>>);
 
 struct Merged<'a> {
     shared: &'a Shared,
     query: &'a ListQuery,
     id_offset: usize,
-    pending: Peekable<std::vec::IntoIter<Held>>,
+    pending: Peekable<std::vec::IntoIter<HeldRecord>>,
     stored: sled::Iter,
     /// The tree's next entry, read ahead.
     head: Option<(TaskId, sled::IVec)>,

@@ -115,10 +115,10 @@ fn remove_task(
 
 /// Removes the oldest entries under `prefix` whose time (`last_at_ms` of the decoded entry:
 /// for a block, its last event's) is before the cutoff, always keeping the newest entry.
-fn remove_log_prefix<T: serde::de::DeserializeOwned>(
+fn remove_log_prefix<T>(
     shared: &Shared,
     prefix: u8,
-    what: &'static str,
+    decode: impl Fn(&[u8]) -> Result<T, StoreError>,
     cutoff_ms: u64,
     last_at_ms: impl Fn(&T) -> Option<u64>,
 ) -> Result<usize, StoreError> {
@@ -133,8 +133,7 @@ fn remove_log_prefix<T: serde::de::DeserializeOwned>(
         if key == newest {
             break;
         }
-        let decoded: T =
-            serde_json::from_slice(&bytes).map_err(|e| super::util::corrupt(what, e))?;
+        let decoded = decode(&bytes)?;
         if last_at_ms(&decoded).is_some_and(|at_ms| at_ms >= cutoff_ms) {
             break;
         }
@@ -148,7 +147,7 @@ fn remove_blocks(shared: &Shared, cutoff_ms: u64) -> Result<usize, StoreError> {
     remove_log_prefix(
         shared,
         keys::BLOCK,
-        "event log",
+        sluice_store::record::event::decode_block,
         cutoff_ms,
         |block: &Vec<Event>| block.last().map(|event| event.at_ms),
     )
@@ -158,7 +157,9 @@ fn remove_worker_events(shared: &Shared, cutoff_ms: u64) -> Result<usize, StoreE
     remove_log_prefix(
         shared,
         keys::WORKER_EVENT,
-        "worker log",
+        |bytes: &[u8]| {
+            serde_json::from_slice(bytes).map_err(|e| super::util::corrupt("worker log", e))
+        },
         cutoff_ms,
         |event: &WorkerEvent| Some(event.at_ms),
     )
@@ -176,8 +177,7 @@ pub(super) fn first_event_seq(shared: &Shared) -> Result<u64, StoreError> {
     drop(overlay);
     match first {
         Some(bytes) => {
-            let block: Vec<Event> =
-                serde_json::from_slice(&bytes).map_err(|e| super::util::corrupt("event log", e))?;
+            let block = sluice_store::record::event::decode_block(&bytes)?;
             Ok(block.first().map_or(1, |e| e.seq))
         }
         None => Ok(1),

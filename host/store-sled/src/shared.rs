@@ -225,8 +225,8 @@ impl Shared {
     pub(super) fn block_holding(&self, seq: u64) -> Result<Vec<Event>, StoreError> {
         let missing = || corrupt("event log", format!("no block holds event {seq}"));
         let pending = lock(&self.overlay).block_holding(seq).cloned();
-        let block: Vec<Event> = match pending {
-            Some(bytes) => serde_json::from_slice(&bytes),
+        let block = match pending {
+            Some(bytes) => sluice_store::record::event::decode_block(&bytes)?,
             None => {
                 let (_, bytes) = self
                     .tree
@@ -234,10 +234,9 @@ impl Shared {
                     .next_back()
                     .ok_or_else(missing)?
                     .map_err(sled_error)?;
-                serde_json::from_slice(&bytes)
+                sluice_store::record::event::decode_block(&bytes)?
             }
-        }
-        .map_err(|e| corrupt("event log", e))?;
+        };
         match (block.first(), block.last()) {
             (Some(first), Some(last)) if first.seq <= seq && seq <= last.seq => Ok(block),
             _ => Err(missing()),

@@ -88,7 +88,7 @@ fn wants_stream(headers: &HeaderMap) -> bool {
 }
 
 /// What a stream holds between its events.
-struct Follower {
+struct EventStream {
     state: AppState,
     cursor: u64,
     buffered: VecDeque<Event>,
@@ -103,7 +103,7 @@ fn stream(state: AppState, after: u64) -> Result<Response, ApiError> {
     let permit = Arc::clone(&state.event_streams)
         .try_acquire_owned()
         .map_err(|_| ApiError::Overloaded)?;
-    let follower = Follower {
+    let follower = EventStream {
         durable: state.scheduler.durable_event_seq(),
         draining: state.drain.subscribe(),
         state,
@@ -121,7 +121,7 @@ fn stream(state: AppState, after: u64) -> Result<Response, ApiError> {
         .into_response())
 }
 
-impl Follower {
+impl EventStream {
     /// The next SSE event: a transition, or a last `error` event before the stream ends.
     /// None once the server drains or the stream has ended.
     async fn next(&mut self) -> Option<sse::Event> {

@@ -26,17 +26,17 @@ pub(crate) const QUEUE_BYTES: usize = 64 << 20;
 #[derive(Clone)]
 pub(crate) struct Outbox {
     jobs: mpsc::Sender<Job>,
-    planned: Arc<Planned>,
+    planned: Arc<PlannedDelivery>,
 }
 
 /// Jobs planned and not yet delivered, and the bytes of their bodies.
 #[derive(Default)]
-struct Planned {
+struct PlannedDelivery {
     jobs: AtomicUsize,
     bytes: AtomicUsize,
 }
 
-impl Planned {
+impl PlannedDelivery {
     fn release(&self, bytes: usize) {
         self.jobs.fetch_sub(1, Ordering::AcqRel);
         self.bytes.fetch_sub(bytes, Ordering::AcqRel);
@@ -88,7 +88,7 @@ pub(crate) fn spawn(
     roots: &[reqwest::Certificate],
 ) -> std::io::Result<Outbox> {
     let (jobs, mut inbox) = mpsc::channel::<Job>(QUEUE_CAPACITY);
-    let planned = Arc::new(Planned::default());
+    let planned = Arc::new(PlannedDelivery::default());
     let outbox = Outbox {
         jobs,
         planned: planned.clone(),

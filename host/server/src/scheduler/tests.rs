@@ -20,13 +20,13 @@ impl Clock for FixedClock {
 
 /// A gate a store call waits at while it is held, counting the calls that came to it.
 #[derive(Default)]
-struct Gate(
+struct StoreGate(
     std::sync::Mutex<bool>,
     std::sync::Condvar,
     std::sync::atomic::AtomicUsize,
 );
 
-impl Gate {
+impl StoreGate {
     fn hold(&self, held: bool) {
         *self.0.lock().unwrap() = held;
         self.1.notify_all();
@@ -51,10 +51,10 @@ impl Gate {
 struct FlakyStore {
     inner: SledStore,
     fail_commits: AtomicBool,
-    commits_held: Gate,
-    syncs_held: Gate,
-    space_held: Gate,
-    key_reads_held: Gate,
+    commits_held: StoreGate,
+    syncs_held: StoreGate,
+    space_held: StoreGate,
+    key_reads_held: StoreGate,
     remote: bool,
     /// Payloads read so far.
     payload_reads: std::sync::atomic::AtomicUsize,
@@ -67,10 +67,10 @@ impl FlakyStore {
         FlakyStore {
             inner: SledStore::open(dir, &SledOptions::default()).unwrap(),
             fail_commits: AtomicBool::new(false),
-            commits_held: Gate::default(),
-            syncs_held: Gate::default(),
-            space_held: Gate::default(),
-            key_reads_held: Gate::default(),
+            commits_held: StoreGate::default(),
+            syncs_held: StoreGate::default(),
+            space_held: StoreGate::default(),
+            key_reads_held: StoreGate::default(),
             remote: false,
             payload_reads: Default::default(),
             submission_groups_planned: Default::default(),

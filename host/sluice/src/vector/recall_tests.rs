@@ -42,7 +42,7 @@ fn queries(vectors: &Vectors, seed: u64) -> Vec<Vec<f32>> {
 }
 
 /// A split and a merge policy, as components, and the workers' indexes.
-struct Pipeline {
+struct SearchPipeline {
     split: SplitInstance,
     merge: MergeInstance,
     /// Stored shards by number; `whole` answers every other filter.
@@ -54,7 +54,7 @@ fn instance_bytes(name: &str) -> &'static [u8] {
     defaults::by_name(name).unwrap_or_else(|| panic!("no embedded policy {name}"))
 }
 
-impl Pipeline {
+impl SearchPipeline {
     fn new(split: &str, config: &str, shards: Vec<ShardIndex>, whole: Option<ShardIndex>) -> Self {
         let runtime = Arc::new(PolicyRuntime::new(RuntimeOptions::default()).unwrap());
         let compiled = runtime.compile(Kind::Split, instance_bytes(split)).unwrap();
@@ -63,7 +63,7 @@ impl Pipeline {
             .compile(Kind::Merge, instance_bytes("merge-topk"))
             .unwrap();
         let merge = MergeInstance::new(runtime, &compiled, b"").unwrap();
-        Pipeline {
+        SearchPipeline {
             split,
             merge,
             shards,
@@ -131,7 +131,7 @@ fn ids(hits: &[Hit]) -> Vec<u64> {
 }
 
 /// Every query's merged ids equal the exact ones, in order.
-fn assert_exact(pipeline: &mut Pipeline, vectors: &Vectors, what: &str) {
+fn assert_exact(pipeline: &mut SearchPipeline, vectors: &Vectors, what: &str) {
     for (number, query) in queries(vectors, 11).iter().enumerate() {
         let exact = brute_force(vectors, query, K, Metric::L2);
         let (merged, _) = pipeline.search(query, 0);
@@ -148,7 +148,7 @@ fn stored_shards(vectors: &Vectors, count: u32) -> Vec<ShardIndex> {
 fn exact_splits_give_exact_answers(vectors: &Vectors, name: &str) {
     let rows = vectors.len();
     for count in [1u32, 2, 4, 7] {
-        let mut by_shard = Pipeline::new(
+        let mut by_shard = SearchPipeline::new(
             "split-shards",
             &format!("shards={count}"),
             stored_shards(vectors, count),
@@ -160,7 +160,7 @@ fn exact_splits_give_exact_answers(vectors: &Vectors, name: &str) {
             &format!("{name}, {count} stored shards"),
         );
         let whole = || Some(ShardIndex::from_rows(vectors, None));
-        let mut by_range = Pipeline::new(
+        let mut by_range = SearchPipeline::new(
             "split-range",
             &format!("id_min=0\nid_max={rows}\nparts={count}"),
             Vec::new(),
@@ -171,7 +171,7 @@ fn exact_splits_give_exact_answers(vectors: &Vectors, name: &str) {
             vectors,
             &format!("{name}, {count} id ranges"),
         );
-        let mut by_hash = Pipeline::new(
+        let mut by_hash = SearchPipeline::new(
             "split-hash",
             &format!("buckets={count}"),
             Vec::new(),
@@ -225,7 +225,8 @@ fn vectors_copied_into_a_second_shard_count_once() {
         .collect();
     let copies: usize = shards.iter().map(ShardIndex::len).sum::<usize>() - vectors.len();
     assert!(copies > vectors.len() / 10, "only {copies} copies");
-    let mut pipeline = Pipeline::new("split-shards", &format!("shards={count}"), shards, None);
+    let mut pipeline =
+        SearchPipeline::new("split-shards", &format!("shards={count}"), shards, None);
     for query in queries(&vectors, 17) {
         let (merged, _) = pipeline.search(&query, 0);
         let mut unique = ids(&merged);
@@ -255,7 +256,7 @@ fn ivf_recall(vectors: &Vectors, nprobe: u32) -> f64 {
     let whole = ShardIndex::from_rows(vectors, None)
         .with_lists(&centroids)
         .unwrap();
-    let mut pipeline = Pipeline::new("split-ivf", &config, Vec::new(), Some(whole));
+    let mut pipeline = SearchPipeline::new("split-ivf", &config, Vec::new(), Some(whole));
     let mut found = 0usize;
     for query in queries(vectors, 23) {
         let exact = ids(&brute_force(vectors, &query, K, Metric::L2));

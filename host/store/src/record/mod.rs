@@ -12,6 +12,7 @@
 //! Records are decoded with every bound a stored value could break checked (a state code, a
 //! priority index, an experiment's kind): a bad record is `StoreError::Corrupt`, never a panic.
 
+pub mod event;
 mod v1;
 mod v2;
 

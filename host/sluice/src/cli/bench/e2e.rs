@@ -262,22 +262,22 @@ struct Completion<'a> {
     report: &'static str,
     task: sluice_model::TaskId,
     lease_token: &'a str,
-    result: Done,
+    result: CompleteResult,
 }
 
 #[derive(serde::Serialize)]
-struct Done {
+struct CompleteResult {
     ok: bool,
 }
 
 /// Of each answer only its status is read; serde skips the rest without building it.
 #[derive(serde::Deserialize)]
 struct Answers {
-    results: Vec<Status>,
+    results: Vec<ItemStatus>,
 }
 
 #[derive(serde::Deserialize)]
-struct Status {
+struct ItemStatus {
     status: u16,
 }
 
@@ -329,7 +329,7 @@ async fn worker(
                 report: "complete",
                 task: grant.task.id,
                 lease_token: &grant.lease_token,
-                result: Done { ok: true },
+                result: CompleteResult { ok: true },
             })
             .collect();
         let answer: Answers = client.report_batch(&reports).await?;

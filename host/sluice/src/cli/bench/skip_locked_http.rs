@@ -13,18 +13,21 @@ use sqlx::postgres::PgPool;
 /// A claim takes at most this many jobs, as `bench e2e`'s claims do.
 const MAX_CLAIM: usize = 1_024;
 
-type Answer<T> = Result<Json<T>, (StatusCode, String)>;
+type RouteAnswer<T> = Result<Json<T>, (StatusCode, String)>;
 
 fn unavailable(error: anyhow::Error) -> (StatusCode, String) {
     (StatusCode::SERVICE_UNAVAILABLE, format!("{error:#}"))
 }
 
-async fn insert_jobs(State(pool): State<PgPool>, Json(numbers): Json<Vec<i64>>) -> Answer<()> {
+async fn insert_jobs(State(pool): State<PgPool>, Json(numbers): Json<Vec<i64>>) -> RouteAnswer<()> {
     insert(&pool, &numbers).await.map_err(unavailable)?;
     Ok(Json(()))
 }
 
-async fn claim_jobs(State(pool): State<PgPool>, Json(max): Json<usize>) -> Answer<Vec<ClaimedJob>> {
+async fn claim_jobs(
+    State(pool): State<PgPool>,
+    Json(max): Json<usize>,
+) -> RouteAnswer<Vec<ClaimedJob>> {
     if !(1..=MAX_CLAIM).contains(&max) {
         return Err((
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -34,7 +37,7 @@ async fn claim_jobs(State(pool): State<PgPool>, Json(max): Json<usize>) -> Answe
     claim(&pool, max).await.map(Json).map_err(unavailable)
 }
 
-async fn complete_jobs(State(pool): State<PgPool>, Json(ids): Json<Vec<i64>>) -> Answer<u64> {
+async fn complete_jobs(State(pool): State<PgPool>, Json(ids): Json<Vec<i64>>) -> RouteAnswer<u64> {
     complete(&pool, &ids).await.map(Json).map_err(unavailable)
 }
 
