@@ -185,13 +185,18 @@ impl<T: SettingValue> SettingValue for Option<T> {
 
 /// A list: comma-separated on the command line and in the environment, an array in the file.
 impl SettingValue for Vec<String> {
+    /// An empty text is an empty list; an empty item in a list is refused, as it is in the file.
     fn parse(text: &str) -> Result<Self, String> {
-        Ok(text
-            .split(',')
+        if text.trim().is_empty() {
+            return Ok(Vec::new());
+        }
+        text.split(',')
             .map(str::trim)
-            .filter(|item| !item.is_empty())
-            .map(str::to_owned)
-            .collect())
+            .map(|item| match item {
+                "" => Err(format!("`{text}` has an empty item")),
+                item => Ok(item.to_owned()),
+            })
+            .collect()
     }
 
     fn from_toml(value: toml::Value) -> Result<Self, String> {

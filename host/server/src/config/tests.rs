@@ -99,6 +99,14 @@ fn unknown_keys_and_bad_values_are_refused() {
             "{bad}"
         );
     }
+    // A list's empty item is refused from text as from the file.
+    let error = ServeConfig::resolve(
+        FileConfig::default(),
+        Overrides::default().with("split_kinds", "a,,b"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("`split_kinds`"), "{error}");
     // The flag overrides the file; a flag's bad text is refused by name.
     let overrides = Overrides::default().with("lease_ms", "5000");
     assert_eq!(
