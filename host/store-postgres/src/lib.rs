@@ -15,13 +15,14 @@ mod catalog;
 mod events;
 pub mod leader;
 mod materializer;
+mod migrations;
 mod overlay;
 mod tasks;
 mod wal;
 
 pub use leader::{LeaderInfo, Leadership};
 
-use materializer::{Materializer, Pending};
+use materializer::{Materializer, WriteBehind};
 use sluice_store::StoreError;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use std::future::Future;
@@ -91,7 +92,7 @@ pub struct PgStore {
     /// lock serialises replicas; this one keeps a process's own threads off the pool meanwhile).
     catalog_writes: Mutex<()>,
     /// The task rows committed to the write-ahead log and not yet written into the table.
-    pending: Arc<Pending>,
+    pending: Arc<WriteBehind>,
     /// Writes them there (`materializer::Materializer::run`).
     materializer_thread: Option<JoinHandle<()>>,
 }
@@ -191,8 +192,6 @@ fn admin_statement(
     .map_err(|_| "the database statement's thread panicked")?
 }
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
-
 impl PgStore {
     /// Connects to `url` and brings its schema up to this build's migrations (each replica
     /// may do so at once: sqlx serialises them under an advisory lock). Leading is separate
@@ -229,7 +228,7 @@ impl PgStore {
         let (pool, engine_pool) = runtime
             .block_on(async move {
                 let pool = pool_options.connect_with(connect.clone()).await?;
-                MIGRATOR.run(&pool).await?;
+                migrations::migrator().await?.run(&pool).await?;
                 // Connected at first use: a replica's first attempt to take the lease.
                 let engine_pool = engine_pool_options.connect_lazy_with(connect);
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>((pool, engine_pool))

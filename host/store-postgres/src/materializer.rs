@@ -41,7 +41,7 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// What the store, its readers and the materializer thread share.
 #[derive(Default)]
-pub(super) struct Pending {
+pub(super) struct WriteBehind {
     pub overlay: Mutex<Overlay>,
     /// Wakes the materializer: rows arrived, room is wanted, or the store is closing.
     wake: Condvar,
@@ -55,7 +55,7 @@ pub(super) struct Pending {
     pub needs_replay: AtomicBool,
 }
 
-impl Pending {
+impl WriteBehind {
     /// Takes in a committed record's rows and wakes the materializer when a round is due.
     pub fn absorb(&self, wal_id: i64, rows: Vec<(TaskId, Row)>) {
         let mut overlay = lock(&self.overlay);
@@ -173,7 +173,7 @@ pub(super) async fn apply(
 /// What the materializer's rounds need of the store.
 #[derive(Clone)]
 pub(super) struct Materializer {
-    pub pending: Arc<Pending>,
+    pub pending: Arc<WriteBehind>,
     pub pool: PgPool,
     pub handle: tokio::runtime::Handle,
     pub leadership: Arc<Leadership>,

@@ -353,7 +353,7 @@ fn a_commit_encoded_ahead_writes_what_a_plain_commit_does() {
 }
 
 /// What the server's statistics count for the task table.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub(super) struct TableCounts {
     pub(super) inserts: i64,
     pub(super) updates: i64,
@@ -370,17 +370,23 @@ pub(super) fn task_table_counts(
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let pool = store.pool();
-        let counts: TableCounts = store
+        let (inserts, updates, hot_updates, index_scans): (i64, i64, i64, i64) = store
             .block(async move {
                 sqlx::query_as(
-                    "SELECT n_tup_ins AS inserts, n_tup_upd AS updates, n_tup_hot_upd AS hot_updates, \
-                     coalesce(idx_scan, 0) AS index_scans \
+                    "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, coalesce(idx_scan, 0) \
                      FROM pg_stat_user_tables WHERE relname = 'sluice_tasks'",
                 )
                 .fetch_one(&pool)
-                .await.map_err(backend)
+                .await
+                .map_err(backend)
             })
             .unwrap();
+        let counts = TableCounts {
+            inserts,
+            updates,
+            hot_updates,
+            index_scans,
+        };
         if enough(&counts) || std::time::Instant::now() > deadline {
             return counts;
         }

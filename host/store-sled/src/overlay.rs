@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Clone, Debug)]
-pub struct Pending {
+pub struct PendingTask {
     pub state: State,
     pub callback: CallbackMark,
     pub index_value: Vec<u8>,
@@ -29,7 +29,7 @@ pub struct Pending {
 /// One generation of pending writes.
 #[derive(Debug, Default)]
 pub struct Generation {
-    pub tasks: TaskIdMap<Pending>,
+    pub tasks: TaskIdMap<PendingTask>,
     pub keys: HashMap<String, [u8; 48]>,
     pub payloads: TaskIdMap<Arc<[u8]>>,
     /// Event log blocks by first `seq`.
@@ -100,7 +100,7 @@ impl Overlay {
         !self.writing.is_empty()
     }
 
-    pub fn task(&self, id: &TaskId) -> Option<&Pending> {
+    pub fn task(&self, id: &TaskId) -> Option<&PendingTask> {
         self.current
             .tasks
             .get(id)
@@ -122,7 +122,7 @@ impl Overlay {
     }
 
     /// Every task held, the newer generation's entry where both hold one.
-    pub fn tasks(&self) -> impl Iterator<Item = (&TaskId, &Pending)> {
+    pub fn tasks(&self) -> impl Iterator<Item = (&TaskId, &PendingTask)> {
         let older = self
             .writing
             .tasks
@@ -173,7 +173,7 @@ impl Overlay {
             if replayed {
                 stale |= write.touched;
             }
-            let pending = Pending {
+            let pending = PendingTask {
                 state: write.state,
                 callback: write.callback,
                 index_value: write.index_value,
@@ -197,7 +197,7 @@ impl Overlay {
                         CallbackMark::Keep => held.callback,
                         mark => mark,
                     };
-                    *held = Pending {
+                    *held = PendingTask {
                         stale_index,
                         callback,
                         ..pending

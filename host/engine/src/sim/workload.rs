@@ -104,7 +104,7 @@ impl Workload {
 
 /// What a run did.
 #[derive(Debug)]
-pub struct Outcome {
+pub struct WorkloadRun {
     pub transcript: String,
     pub states: BTreeMap<State, usize>,
     pub virtual_ms: u64,
@@ -121,7 +121,7 @@ struct Running {
 }
 
 /// Runs `workload` to its end: every submission made and every task ended, or the time bound.
-pub fn run(workload: &Workload) -> Outcome {
+pub fn run(workload: &Workload) -> WorkloadRun {
     let decide = NativeDecider {
         shards: workload.shards.max(1),
         ..NativeDecider::default()
@@ -205,7 +205,7 @@ pub fn run(workload: &Workload) -> Outcome {
             .sum::<u64>();
         let ended = submitted == workload.tasks && live == 0;
         if ended || elapsed_ms >= workload.max_virtual_ms {
-            return Outcome {
+            return WorkloadRun {
                 states: driver.store().states(),
                 virtual_ms: elapsed_ms,
                 drained: ended,

@@ -1,6 +1,7 @@
 //! Gauges of the present state — tasks by state, queues, workers, active policies — set from
 //! the scheduler's snapshot at each scrape rather than tracked on every change.
 
+use super::tasks::BucketLabels;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -25,11 +26,6 @@ struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BucketLabels {
-    bucket: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WorkerLabels {
     worker: String,
 }
@@ -41,7 +37,7 @@ struct BreakerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabels {
+struct PolicyKindLabels {
     kind: &'static str,
 }
 
@@ -65,9 +61,9 @@ pub struct StateGauges {
     leases: Family<WorkerLabels, Gauge>,
     breaker: Family<BreakerLabels, Gauge>,
     claims_served: Family<WorkerLabels, Counter>,
-    active_version: Family<KindLabels, Gauge>,
-    fallbacks: Family<KindLabels, Counter>,
-    deactivations: Family<KindLabels, Counter>,
+    active_version: Family<PolicyKindLabels, Gauge>,
+    fallbacks: Family<PolicyKindLabels, Counter>,
+    deactivations: Family<PolicyKindLabels, Counter>,
 }
 
 impl StateGauges {
@@ -244,7 +240,7 @@ impl StateGauges {
 
     fn set_policies(&self, policies: &[KindStatus]) {
         for status in policies {
-            let labels = KindLabels {
+            let labels = PolicyKindLabels {
                 kind: status.kind.as_str(),
             };
             self.active_version

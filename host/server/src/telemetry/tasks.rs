@@ -27,7 +27,7 @@ pub struct BucketLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabels {
+pub struct TaskKindLabels {
     pub kind: String,
 }
 
@@ -67,7 +67,7 @@ pub struct TaskMetrics {
     arrivals: Family<ArrivalLabels, Counter>,
     transitions: Family<TransitionLabels, Counter>,
     wait: HistogramFamily<BucketLabels>,
-    exec: HistogramFamily<KindLabels>,
+    exec: HistogramFamily<TaskKindLabels>,
     failures: Family<FailureLabels, Counter>,
     retries: Counter,
     preemptions: Counter,
@@ -207,7 +207,7 @@ impl TaskMetrics {
                 if let Some(lease) = &task.lease {
                     let began_ms = lease.started_at_ms.unwrap_or(lease.claimed_at_ms);
                     self.exec
-                        .get_or_create(&KindLabels {
+                        .get_or_create(&TaskKindLabels {
                             kind: self.kinds.label(&task.kind),
                         })
                         .observe(seconds(at_ms.saturating_sub(began_ms)));

@@ -235,7 +235,7 @@ async fn post(
 }
 
 /// A claimed job as a worker needs it.
-#[derive(serde::Serialize, serde::Deserialize, sqlx::FromRow)]
+#[derive(serde::Serialize, serde::Deserialize)]
 pub(super) struct ClaimedJob {
     pub id: i64,
     pub payload: serde_json::Value,
@@ -257,7 +257,7 @@ pub(super) async fn insert(pool: &PgPool, numbers: &[i64]) -> anyhow::Result<()>
 
 /// Takes up to `batch` ready jobs, most urgent first, with their payloads.
 pub(super) async fn claim(pool: &PgPool, batch: usize) -> anyhow::Result<Vec<ClaimedJob>> {
-    Ok(sqlx::query_as(
+    let rows: Vec<(i64, serde_json::Value)> = sqlx::query_as(
         "UPDATE jobs SET state = 1, attempts = attempts + 1, \
          locked_until = now() + interval '30 seconds' \
          WHERE id IN (SELECT id FROM jobs WHERE state = 0 ORDER BY priority, id \
@@ -265,7 +265,11 @@ pub(super) async fn claim(pool: &PgPool, batch: usize) -> anyhow::Result<Vec<Cla
     )
     .bind(batch as i64)
     .fetch_all(pool)
-    .await?)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, payload)| ClaimedJob { id, payload })
+        .collect())
 }
 
 /// Completes the claimed jobs `ids`; how many were still claimed.

@@ -17,7 +17,7 @@ pub enum Item {
 }
 
 /// What was submitted: its task id and what it was.
-pub struct Submitted {
+pub struct SubmittedItem {
     pub id: String,
     pub item: Item,
 }
@@ -104,7 +104,7 @@ pub async fn submit_all(
     client: Client,
     plan: Plan,
     pace: Duration,
-) -> anyhow::Result<Vec<Submitted>> {
+) -> anyhow::Result<Vec<SubmittedItem>> {
     let mut submitted = Vec::with_capacity(plan.len());
     let mut batch = tokio::task::JoinSet::new();
     for (number, item) in plan.batch.iter().enumerate() {
@@ -113,7 +113,7 @@ pub async fn submit_all(
     }
     while let Some(joined) = batch.join_next().await {
         let (item, answer) = joined?;
-        submitted.push(Submitted {
+        submitted.push(SubmittedItem {
             id: answer?.task.id.to_string(),
             item,
         });
@@ -125,7 +125,7 @@ pub async fn submit_all(
         let answer = client
             .submit(&spec(item, plan.batch.len() + offset)?)
             .await?;
-        submitted.push(Submitted {
+        submitted.push(SubmittedItem {
             id: answer.task.id.to_string(),
             item: item.clone(),
         });

@@ -2,7 +2,7 @@
 //! bucket, the vector searches' recall against exact search and their latency, and where to
 //! look next.
 
-use super::load::{Item, SEARCH_K, Submitted};
+use super::load::{Item, SEARCH_K, SubmittedItem};
 use anyhow::{Context, bail};
 use serde_json::Value;
 use sluice::vector::{Vectors, brute_force};
@@ -24,7 +24,7 @@ fn count(stats: &Value, state: &str) -> u64 {
 pub async fn watch_until_done(
     client: &Client,
     expected: u64,
-    submitting: &tokio::task::JoinHandle<anyhow::Result<Vec<Submitted>>>,
+    submitting: &tokio::task::JoinHandle<anyhow::Result<Vec<SubmittedItem>>>,
     started: Instant,
 ) -> anyhow::Result<()> {
     outln!(
@@ -93,7 +93,7 @@ pub struct Summary {
 impl Summary {
     pub async fn gather(
         client: &Client,
-        submitted: Vec<Submitted>,
+        submitted: Vec<SubmittedItem>,
         vectors: &Vectors,
         elapsed: Duration,
     ) -> anyhow::Result<Summary> {
@@ -129,7 +129,7 @@ impl Summary {
         Ok(report)
     }
 
-    fn learn(&mut self, entry: &Submitted, task: &Value, events: &Value, vectors: &Vectors) {
+    fn learn(&mut self, entry: &SubmittedItem, task: &Value, events: &Value, vectors: &Vectors) {
         let state = task["state"].as_str().unwrap_or("unknown").to_owned();
         *self.by_state.entry(state.clone()).or_default() += 1;
         let created = task["created_at_ms"].as_u64().unwrap_or(0);
