@@ -107,7 +107,7 @@ impl Engine {
             let key_has_room = picked_keys.has_room(
                 &self.concurrency_limits,
                 &self.key_use,
-                waiting.concurrency_key.as_deref(),
+                waiting.concurrency_key(),
             );
             let Some(gpu) = worker.fit(waiting, &free_gpus).filter(|_| key_has_room) else {
                 continue;
@@ -116,7 +116,7 @@ impl Engine {
                 room.take(waiting.gpu_memory_mb);
             }
             free_gpus.retain(|_, room| room.places > 0);
-            picked_keys.add(waiting.concurrency_key.as_deref());
+            picked_keys.add(waiting.concurrency_key());
             chosen.insert(task);
             picks.push(Pick { task, gpu });
         }
@@ -132,7 +132,7 @@ impl Engine {
                         picked_keys.has_room(
                             &self.concurrency_limits,
                             &self.key_use,
-                            w.concurrency_key.as_deref(),
+                            w.concurrency_key(),
                         )
                     })
                     .find_map(|w| {
@@ -155,11 +155,7 @@ impl Engine {
                     free_gpus.retain(|_, room| room.places > 0);
                 }
             }
-            picked_keys.add(
-                self.queues
-                    .get(task)
-                    .and_then(|w| w.concurrency_key.as_deref()),
-            );
+            picked_keys.add(self.queues.get(task).and_then(|w| w.concurrency_key()));
             chosen.insert(task);
             picks.push(Pick { task, gpu });
         }

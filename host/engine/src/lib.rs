@@ -222,11 +222,10 @@ impl Engine {
             tasks_by_state: recovery.tasks_by_state,
             ..Engine::new(options)
         };
-        engine.queues.reserve(recovery.queued.len());
-        for entry in recovery.queued {
+        for entry in &recovery.queued {
             engine.timers.set(entry.id, entry.deadline_at_ms);
-            engine.queues.push(entry);
         }
+        engine.queues.extend(recovery.queued);
         let mut unadmitted = Vec::new();
         for task in &recovery.live {
             if task.state == State::Created {

@@ -60,7 +60,7 @@ impl Engine {
         worker: &WorkerState,
         task: &Waiting,
     ) -> bool {
-        let Some(model) = task.model.as_deref() else {
+        let Some(model) = task.model() else {
             return false;
         };
         if worker.heartbeat.gpu_with(model).is_some()

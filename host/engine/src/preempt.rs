@@ -128,7 +128,7 @@ impl Engine {
     fn victim_for(&self, urgent: TaskId, candidates: &Candidates) -> Option<Preemption> {
         let waiting = self.queues.get(urgent)?;
         // Held by its own key: a freed place would not help.
-        let key = waiting.concurrency_key.as_deref();
+        let key = waiting.concurrency_key();
         if !Picked::default().has_room(&self.concurrency_limits, &self.key_use, key) {
             return None;
         }

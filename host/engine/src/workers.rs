@@ -118,7 +118,7 @@ impl WorkerState {
     /// loaded of equal ones — and `Some(None)` that it needs no GPU.
     pub fn fit(&self, task: &Waiting, free_gpus: &BTreeMap<u32, GpuRoom>) -> Option<Option<u32>> {
         let labels_match = task
-            .labels
+            .labels()
             .iter()
             .all(|(name, value)| self.heartbeat.labels.get(name) == Some(value));
         let kind_served = self.heartbeat.kinds.is_empty()
@@ -135,8 +135,7 @@ impl WorkerState {
         }
         // The GPU that has its model loaded, when it has the room.
         let warm = task
-            .model
-            .as_deref()
+            .model()
             .and_then(|model| self.heartbeat.gpu_with(model))
             .filter(|gpu| {
                 free_gpus

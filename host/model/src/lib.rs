@@ -37,7 +37,7 @@ pub use policy::{
     BUILTIN_VERSION, DataRef, PolicyAction, PolicyEvent, PolicyKind, PolicyVersion, UnknownKind,
 };
 pub use priority::Priority;
-pub use queue_entry::{QueueEntry, from_bucket, to_bucket, view as task_view};
+pub use queue_entry::{QueueEntry, QueueNeeds, from_bucket, to_bucket, view as task_view};
 pub use spec::{
     Limits, MAX_ATTEMPTS, Resources, Submission, TaskSpec, ValidationError, check_name,
 };

@@ -13,28 +13,43 @@ pub struct QueueEntry {
     pub bucket: Priority,
     pub rank: u64,
     pub gpu_memory_mb: u64,
-    /// Labels the worker must carry, each with the same value.
-    pub labels: BTreeMap<String, String>,
     pub view: View,
     pub deadline_at_ms: Option<u64>,
     /// Its variant of a live aging experiment: the aging step asks that variant about it.
     pub aging_variant: Option<VariantTag>,
+    /// What few tasks ask of a worker beside memory. Boxed, and `None` when it would be empty:
+    /// the server holds an entry for every queued task, and inline these empty maps and strings
+    /// were 72 of each entry's 192 bytes.
+    pub needs: Option<Box<QueueNeeds>>,
+}
+
+/// A queued task's labels, concurrency key and model: also its index entry's JSON after the
+/// fixed part, when it has any.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QueueNeeds {
+    /// Labels the worker must carry, each with the same value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
     /// Claims skip it while its key runs as many tasks as its limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
     /// The model it runs, for warm placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
 }
 
-/// What an entry holds beside its fixed part, as JSON after it, when it holds any.
-#[derive(Default, serde::Serialize, serde::Deserialize)]
-struct Extras {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    concurrency_key: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    model: Option<String>,
+impl QueueNeeds {
+    fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.concurrency_key.is_none() && self.model.is_none()
+    }
+
+    /// `Some` when there is anything to hold.
+    pub fn boxed(self) -> Option<Box<QueueNeeds>> {
+        (!self.is_empty()).then(|| Box::new(self))
+    }
 }
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 pub fn to_bucket(priority: Priority) -> Bucket {
     match priority {
@@ -80,13 +95,31 @@ impl QueueEntry {
             bucket: task.bucket,
             rank: task.rank,
             gpu_memory_mb: task.resources.gpu_memory_mb,
-            labels: task.labels.clone(),
             view: view(task),
             deadline_at_ms: task.deadline_at_ms,
             aging_variant: task.variant(PolicyKind::Aging),
-            concurrency_key: task.concurrency_key.clone(),
-            model: task.resources.model.clone(),
+            needs: QueueNeeds {
+                labels: task.labels.clone(),
+                concurrency_key: task.concurrency_key.clone(),
+                model: task.resources.model.clone(),
+            }
+            .boxed(),
         }
+    }
+
+    /// Labels the worker must carry, each with the same value.
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        self.needs
+            .as_ref()
+            .map_or(&NO_LABELS, |needs| &needs.labels)
+    }
+
+    pub fn concurrency_key(&self) -> Option<&str> {
+        self.needs.as_ref()?.concurrency_key.as_deref()
+    }
+
+    pub fn model(&self) -> Option<&str> {
+        self.needs.as_ref()?.model.as_deref()
     }
 
     /// `[bucket][format][rank][gpu_memory_mb][view: 6 words][has deadline][deadline]
@@ -110,14 +143,9 @@ impl QueueEntry {
             .map_or((0, 0), |tag| (tag.experiment, tag.variant));
         out.extend_from_slice(&experiment.to_be_bytes());
         out.push(variant);
-        if !self.labels.is_empty() || self.concurrency_key.is_some() || self.model.is_some() {
-            let extras = Extras {
-                labels: self.labels.clone(),
-                concurrency_key: self.concurrency_key.clone(),
-                model: self.model.clone(),
-            };
+        if let Some(needs) = &self.needs {
             // Plain strings always serialize.
-            out.extend_from_slice(&serde_json::to_vec(&extras).unwrap_or_default());
+            out.extend_from_slice(&serde_json::to_vec(needs).unwrap_or_default());
         }
         out
     }
@@ -142,8 +170,8 @@ impl QueueEntry {
             experiment: u32::from_be_bytes([bytes[76], bytes[77], bytes[78], bytes[79]]),
             variant: bytes[80],
         });
-        let extras: Extras = match &bytes[FIXED_BYTES..] {
-            [] => Extras::default(),
+        let needs: QueueNeeds = match &bytes[FIXED_BYTES..] {
+            [] => QueueNeeds::default(),
             json => serde_json::from_slice(json).ok()?,
         };
         Some(QueueEntry {
@@ -151,12 +179,10 @@ impl QueueEntry {
             bucket,
             rank: word(2)?,
             gpu_memory_mb: word(10)?,
-            labels: extras.labels,
             view,
             deadline_at_ms,
             aging_variant,
-            concurrency_key: extras.concurrency_key,
-            model: extras.model,
+            needs: needs.boxed(),
         })
     }
 }
@@ -172,7 +198,6 @@ mod tests {
             bucket: Priority::Low,
             rank: 42,
             gpu_memory_mb: 8_000,
-            labels: BTreeMap::new(),
             view: View {
                 seq: 9,
                 tenant: 1,
@@ -186,14 +211,17 @@ mod tests {
             },
             deadline_at_ms: None,
             aging_variant: None,
-            concurrency_key: None,
-            model: None,
+            needs: None,
         };
         assert_eq!(
             QueueEntry::decode(entry.id, &entry.encode()),
             Some(entry.clone())
         );
-        entry.labels.insert("site".into(), "a".into());
+        entry.needs = QueueNeeds {
+            labels: BTreeMap::from([("site".into(), "a".into())]),
+            ..QueueNeeds::default()
+        }
+        .boxed();
         entry.deadline_at_ms = Some(5_000);
         assert_eq!(
             QueueEntry::decode(entry.id, &entry.encode()),
@@ -208,8 +236,12 @@ mod tests {
             QueueEntry::decode(entry.id, &entry.encode()),
             Some(entry.clone())
         );
-        entry.concurrency_key = Some("scanner-7".into());
-        entry.model = Some("seg-v3".into());
+        let needs = entry.needs.as_mut().unwrap();
+        needs.concurrency_key = Some("scanner-7".into());
+        needs.model = Some("seg-v3".into());
+        assert_eq!(entry.concurrency_key(), Some("scanner-7"));
+        assert_eq!(entry.model(), Some("seg-v3"));
+        assert_eq!(entry.labels()["site"], "a");
         assert_eq!(
             QueueEntry::decode(entry.id, &entry.encode()),
             Some(entry.clone())
@@ -222,5 +254,12 @@ mod tests {
         }
         assert_eq!(QueueEntry::decode(entry.id, &[2]), None);
         assert_eq!(QueueEntry::decode(entry.id, &entry.encode()[..40]), None);
+    }
+
+    /// The server holds one of these per queued task: a million of them is the larger part of
+    /// its memory at a restart (docs/benchmarks.md, "The stored format").
+    #[test]
+    fn an_entry_without_needs_stays_small() {
+        assert!(std::mem::size_of::<QueueEntry>() <= 128);
     }
 }
