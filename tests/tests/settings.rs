@@ -159,6 +159,12 @@ fn a_bad_value_in_any_layer_is_refused_by_name() {
     .unwrap();
     for (args, env, name) in [
         (vec!["--lease-ms=soon".to_owned()], vec![], "lease_ms"),
+        // A negative number is the setting's value, not an unknown flag.
+        (
+            vec!["--lease-ms".to_owned(), "-5".to_owned()],
+            vec![],
+            "lease_ms",
+        ),
         (
             vec![],
             vec![("SLUICE_QUEUE_CAPACITY".to_owned(), "0".to_owned())],
@@ -175,4 +181,22 @@ fn a_bad_value_in_any_layer_is_refused_by_name() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(&format!("`{name}`")), "{stderr}");
     }
+}
+
+/// A boolean's error lists its two values; a misspelled variable is warned about, with the
+/// setting it was probably meant for.
+#[test]
+fn a_boolean_lists_its_values_and_a_misspelled_variable_is_named() {
+    let output = serve_check(&["--fdatasync".to_owned()], &[]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("true, false"), "{stderr}");
+
+    let output = serve_check(&[], &[("SLUICE_LEASE_MSS".to_owned(), "5".to_owned())]);
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("SLUICE_LEASE_MSS") && stderr.contains("did you mean SLUICE_LEASE_MS?"),
+        "{stderr}"
+    );
 }

@@ -18,6 +18,8 @@ pub struct SettingInfo {
     pub default_text: String,
     /// The default as a config file writes it (none when unset by default).
     pub default_toml: Option<toml::Value>,
+    /// Every value it takes, when they are few (a boolean's): the command lists them.
+    pub choices: Option<&'static [&'static str]>,
 }
 
 impl SettingInfo {
@@ -39,6 +41,8 @@ impl SettingInfo {
 
 /// A type a setting can have.
 pub trait SettingValue: Sized {
+    /// Every value of the type, when they are few enough to list in an error.
+    const CHOICES: Option<&'static [&'static str]> = None;
     /// From a flag's or an environment variable's text.
     fn parse(text: &str) -> Result<Self, String>;
     /// From the config file.
@@ -85,6 +89,8 @@ macro_rules! integer_setting {
 integer_setting!(u32, u64, usize);
 
 impl SettingValue for bool {
+    const CHOICES: Option<&'static [&'static str]> = Some(&["true", "false"]);
+
     fn parse(text: &str) -> Result<Self, String> {
         match text.trim() {
             "true" => Ok(true),
@@ -285,6 +291,7 @@ macro_rules! settings {
                         default_toml: $crate::config::setting::SettingValue::to_toml(
                             &defaults.$name,
                         ),
+                        choices: <$ty as $crate::config::setting::SettingValue>::CHOICES,
                     },
                 )+]
             }

@@ -67,10 +67,19 @@ impl clap::Args for SettingFlags {
                     .map(str::trim)
                     .collect::<Vec<_>>()
                     .join(" ");
+                let arg = clap::Arg::new(setting.name)
+                    .long(setting.flag())
+                    // `--lease-ms -5` reaches the setting's own check, which names it, rather
+                    // than clap's "unexpected argument '-5'".
+                    .allow_negative_numbers(true);
+                let arg = match setting.choices {
+                    Some(choices) => arg.value_parser(clap::builder::PossibleValuesParser::new(
+                        choices.iter().copied(),
+                    )),
+                    None => arg,
+                };
                 command.arg(
-                    clap::Arg::new(setting.name)
-                        .long(setting.flag())
-                        .env(setting.env())
+                    arg.env(setting.env())
                         // A URL may carry a password: the variables' values stay out of --help.
                         .hide_env_values(true)
                         .value_name(setting.name.to_ascii_uppercase())
@@ -99,6 +108,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         insecure_no_auth: args.insecure_no_auth,
     };
     let config = ServeConfig::resolve(file, overrides)?;
+    for (name, nearest) in unknown_variables(std::env::vars_os().map(|(name, _)| name)) {
+        match nearest {
+            Some(nearest) => tracing::warn!(
+                "{name} is not a variable Sluice reads (did you mean {nearest}?); it is ignored"
+            ),
+            None => tracing::warn!("{name} is not a variable Sluice reads; it is ignored"),
+        }
+    }
     if args.check_config {
         let mut stdout = std::io::stdout();
         stdout.write_all(config.effective_toml().as_bytes())?;
@@ -165,6 +182,72 @@ async fn serve_replica(config: ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Variables the command, its benches and the project's tests read besides the settings' own.
+const OTHER_VARIABLES: [&str; 18] = [
+    "SLUICE_CONFIG",
+    "SLUICE_ADMIN_TOKEN",
+    "SLUICE_LOG",
+    "SLUICE_LOG_FORMAT",
+    "SLUICE_LOG_SPANS",
+    "SLUICE_SERVER",
+    "SLUICE_TOKEN",
+    "SLUICE_CA_CERT",
+    "SLUICE_DATA_DIR",
+    "SLUICE_BENCH_SERVER_LOG",
+    "SLUICE_TEST_POSTGRES",
+    "SLUICE_REQUIRE_POSTGRES",
+    "SLUICE_REQUIRE_TMPFS",
+    "SLUICE_REQUIRE_BROWSER",
+    "SLUICE_COMPONENTIZE_PY",
+    "SLUICE_REQUIRE_COMPONENTIZE_PY",
+    "SLUICE_SCHEMATHESIS",
+    "SLUICE_REQUIRE_SCHEMATHESIS",
+];
+
+/// The `SLUICE_*` names among `names` that nothing reads, each with the known name nearest to
+/// it when one is within a typo (two edits): a misspelled setting is otherwise silently left at
+/// its default. Warned, not refused, since other tools may share the prefix.
+fn unknown_variables(
+    names: impl Iterator<Item = std::ffi::OsString>,
+) -> Vec<(String, Option<String>)> {
+    let known: Vec<String> = ServeConfig::settings()
+        .iter()
+        .map(|setting| setting.env())
+        .chain(OTHER_VARIABLES.iter().map(|name| (*name).to_owned()))
+        .collect();
+    let mut unknown: Vec<(String, Option<String>)> = names
+        .filter_map(|name| name.into_string().ok())
+        .filter(|name| name.starts_with("SLUICE_") && !known.contains(name))
+        .map(|name| {
+            let nearest = known
+                .iter()
+                .map(|candidate| (edit_distance(&name, candidate), candidate))
+                .filter(|(distance, _)| *distance <= 2)
+                .min()
+                .map(|(_, candidate)| candidate.clone());
+            (name, nearest)
+        })
+        .collect();
+    unknown.sort();
+    unknown
+}
+
+/// Levenshtein distance over bytes (the names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, &x) in a.iter().enumerate() {
+        let mut current = vec![i + 1; b.len() + 1];
+        for (j, &y) in b.iter().enumerate() {
+            current[j + 1] = (previous[j] + usize::from(x != y))
+                .min(previous[j + 1] + 1)
+                .min(current[j] + 1);
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
 async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(listen)
         .await
@@ -205,5 +288,32 @@ pub async fn shutdown_signal() {
             tracing::warn!("cannot install signal handlers; stop with SIGKILL");
             std::future::pending::<()>().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unknown_variables;
+
+    #[test]
+    fn a_misspelled_setting_variable_is_named_with_the_one_meant() {
+        let names = [
+            "SLUICE_LEASE_MSS",
+            "SLUICE_LEASE_MS",
+            "SLUICE_LOG",
+            "SLUICE_WHATEVER",
+            "PATH",
+        ];
+        let unknown = unknown_variables(names.iter().map(|name| name.into()));
+        assert_eq!(
+            unknown,
+            vec![
+                (
+                    "SLUICE_LEASE_MSS".to_owned(),
+                    Some("SLUICE_LEASE_MS".to_owned())
+                ),
+                ("SLUICE_WHATEVER".to_owned(), None),
+            ]
+        );
     }
 }
