@@ -171,6 +171,15 @@ async fn a_live_ab_test_is_sticky_by_device_acts_per_variant_reports_and_promote
         "{verdict}"
     );
     assert!(report["text"].as_str().unwrap().contains("verdict: B "));
+    // Shares beside weights: 4 tasks per device over 16 devices is 6.25 points of standard
+    // error at 50 %, so a share is called out past 18.75 points (and 10).
+    let shares = report["shares"].as_array().unwrap();
+    assert_eq!(shares[1]["tasks"], (in_b * 4) as u64);
+    assert_eq!(shares[1]["weight_percent"], 50.0);
+    let b_share = shares[1]["share_percent"].as_f64().unwrap();
+    assert!((b_share - in_b as f64 * 4.0 / 64.0 * 100.0).abs() < 0.01);
+    let far = (b_share - 50.0).abs() > 18.75;
+    assert_eq!(report["shares_warning"].is_string(), far, "{report}");
 
     // The CLI prints the same report.
     let printed = succeeded(run_sluice(

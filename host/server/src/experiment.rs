@@ -3,10 +3,11 @@
 //! intervals, a verdict line per variant, and what the variants' versions did at run time.
 
 use serde::Serialize;
-use sluice_model::{Experiment, ExperimentMode, Priority, State, Task, TaskId};
+use sluice_model::{AssignBy, Experiment, ExperimentMode, Priority, State, Task, TaskId};
 use sluice_policy_runtime::ArmFigures;
 use sluice_stats::compare::{
-    Difference, WaitFigures, difference_line, duration, verdict, wait_differences,
+    Difference, ShareCheck, WaitFigures, difference_line, duration, share_check, verdict,
+    wait_differences,
 };
 use sluice_store::{ListPage, ListQuery};
 use std::collections::BTreeMap;
@@ -63,6 +64,11 @@ pub struct ExperimentReport {
     pub variants: Vec<VariantFigures>,
     /// Live experiments only; a shadow one's variants decide for no task.
     pub comparisons: Vec<Comparison>,
+    /// Live experiments only: each variant's share of the tasks beside its weight's.
+    #[schema(value_type = Vec<Object>)]
+    pub shares: Vec<ShareCheck>,
+    /// Set when a variant's share is far from its weight's (`sluice_stats::compare::share_check`).
+    pub shares_warning: Option<String>,
     /// The report as `sluice experiment report` prints it.
     pub text: String,
 }
@@ -181,12 +187,31 @@ pub fn report<E>(
             .collect(),
         ExperimentMode::Shadow => Vec::new(),
     };
+    let (shares, shares_warning) = match experiment.mode {
+        ExperimentMode::Live => {
+            let counts: Vec<(String, u64, u32)> = experiment
+                .variants
+                .iter()
+                .zip(&variants)
+                .map(|(spec, figures)| (spec.name.clone(), figures.tasks, spec.weight))
+                .collect();
+            let unit = match experiment.assign_by {
+                AssignBy::Task => "task",
+                AssignBy::Device => "device",
+                AssignBy::Tenant => "tenant",
+            };
+            share_check(&counts, unit)
+        }
+        ExperimentMode::Shadow => (Vec::new(), None),
+    };
     let mut report = ExperimentReport {
         experiment: experiment.clone(),
         tasks_examined: examined as u64,
         complete,
         variants,
         comparisons,
+        shares,
+        shares_warning,
         text: String::new(),
     };
     report.text = text(&report);
@@ -315,6 +340,9 @@ fn text(report: &ExperimentReport) -> String {
             let _ = writeln!(out, "{}", difference_line(d));
         }
         let _ = writeln!(out, "verdict: {}", comparison.verdict);
+    }
+    if let Some(warning) = &report.shares_warning {
+        let _ = writeln!(out, "\nnote: {warning}");
     }
     out
 }

@@ -106,9 +106,17 @@ pub fn wait_differences(
     out
 }
 
+/// A change is called one when its interval leaves out 0 and it is at least this, in percent.
+pub const CHANGE_CALLED_PERCENT: f64 = 1.0;
+/// A figure is called unchanged when its whole interval lies within ± this, in percent; an
+/// interval that neither leaves out 0 nor lies this close is inconclusive: the samples are too
+/// small, or too spread, to tell a change from none.
+pub const UNCHANGED_WITHIN_PERCENT: f64 = 5.0;
+
 /// A plain line on the p99 waits: what the second variant does to each bucket, with the
-/// interval. A change is called one when its interval leaves out 0 and it is at least 1 %;
-/// a smaller one, however sure, is called unchanged.
+/// interval, and the thresholds it was judged by: lowers or raises (the interval leaves out 0
+/// and the change is `CHANGE_CALLED_PERCENT` or more), unchanged (the interval lies within
+/// ±`UNCHANGED_WITHIN_PERCENT`), or inconclusive (neither).
 pub fn verdict(name: &str, differences: &[Difference]) -> String {
     let parts: Vec<String> = differences
         .iter()
@@ -121,14 +129,18 @@ pub fn verdict(name: &str, differences: &[Difference]) -> String {
             let sure = d
                 .interval_percent
                 .is_none_or(|[low, high]| low > 0.0 || high < 0.0);
+            let close = d.interval_percent.is_none_or(|[low, high]| {
+                low >= -UNCHANGED_WITHIN_PERCENT && high <= UNCHANGED_WITHIN_PERCENT
+            });
             match d.change_percent {
-                Some(p) if sure && p <= -1.0 => {
+                Some(p) if sure && p <= -CHANGE_CALLED_PERCENT => {
                     format!("lowers {bucket} p99 wait by {} %{interval}", percent(-p))
                 }
-                Some(p) if sure && p >= 1.0 => {
+                Some(p) if sure && p >= CHANGE_CALLED_PERCENT => {
                     format!("raises {bucket} p99 wait by {} %{interval}", percent(p))
                 }
-                Some(_) => format!("leaves {bucket} p99 wait unchanged{interval}"),
+                Some(_) if close => format!("leaves {bucket} p99 wait unchanged{interval}"),
+                Some(_) => format!("is inconclusive on {bucket} p99 wait{interval}"),
                 None if d.second_ms == 0 => format!("leaves {bucket} p99 wait at 0"),
                 None => format!(
                     "raises {bucket} p99 wait from 0 to {}",
@@ -138,9 +150,87 @@ pub fn verdict(name: &str, differences: &[Difference]) -> String {
         })
         .collect();
     format!(
-        "{name} {} ({CONFIDENCE_PERCENT:.0} % bootstrap intervals)",
+        "{name} {} ({CONFIDENCE_PERCENT:.0} % bootstrap intervals; a change is called at \
+         {CHANGE_CALLED_PERCENT:.0} % or more with 0 outside its interval, none when the interval \
+         lies within ±{UNCHANGED_WITHIN_PERCENT:.0} %, inconclusive otherwise)",
         parts.join("; ")
     )
+}
+
+/// A variant's share of an experiment's tasks beside its weight's share.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ShareCheck {
+    pub variant: String,
+    pub tasks: u64,
+    /// Its share of the tasks, in percent.
+    pub share_percent: f64,
+    /// Its weight's share of the weights, in percent.
+    pub weight_percent: f64,
+}
+
+/// Shares this far (in percentage points) from the weights are reported...
+pub const SHARE_OFF_POINTS: f64 = 10.0;
+/// ...when chance would put them there less often than this many standard errors would (a
+/// binomial of the tasks: assignment by device or tenant is coarser than that, which is one
+/// reason a share can be off).
+pub const SHARE_OFF_STANDARD_ERRORS: f64 = 3.0;
+
+/// Each variant's share against its weight's, and a line when one is off by more than
+/// `SHARE_OFF_POINTS` and `SHARE_OFF_STANDARD_ERRORS` (none when all are near).
+/// `variants` is (name, tasks, weight); `unit` is what tasks are assigned by.
+pub fn share_check(
+    variants: &[(String, u64, u32)],
+    unit: &str,
+) -> (Vec<ShareCheck>, Option<String>) {
+    let tasks: u64 = variants.iter().map(|v| v.1).sum();
+    let weights: u64 = variants.iter().map(|v| u64::from(v.2)).sum();
+    let checks: Vec<ShareCheck> = variants
+        .iter()
+        .map(|(name, n, weight)| ShareCheck {
+            variant: name.clone(),
+            tasks: *n,
+            share_percent: match tasks {
+                0 => 0.0,
+                all => round3(*n as f64 / all as f64 * 100.0),
+            },
+            weight_percent: match weights {
+                0 => 0.0,
+                all => round3(f64::from(*weight) / all as f64 * 100.0),
+            },
+        })
+        .collect();
+    let off = tasks > 0
+        && checks.iter().any(|check| {
+            let p = check.weight_percent / 100.0;
+            let standard_error = (p * (1.0 - p) / tasks as f64).sqrt() * 100.0;
+            let gap = (check.share_percent - check.weight_percent).abs();
+            gap > SHARE_OFF_POINTS && gap > SHARE_OFF_STANDARD_ERRORS * standard_error
+        });
+    let line = off.then(|| {
+        let shares: Vec<String> = checks
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {} % of the tasks against a weight of {} %",
+                    c.variant,
+                    percent(c.share_percent),
+                    percent(c.weight_percent)
+                )
+            })
+            .collect();
+        let why = match unit {
+            "task" => "tasks are assigned one by one, so more than chance is at work".to_owned(),
+            unit => {
+                format!("tasks are assigned by {unit}, and with few of them the split is coarse")
+            }
+        };
+        format!(
+            "the variants' shares are far from their weights ({}); {why}: the variants saw \
+             different work, so read their comparison with that in mind",
+            shares.join(", ")
+        )
+    });
+    (checks, line)
 }
 
 /// A percentage as people read it: whole from 100 up, one decimal below.
@@ -187,5 +277,62 @@ pub fn duration(ms: u64) -> String {
         1_000..60_000 => format!("{:.1} s", ms as f64 / 1_000.0),
         60_000..3_600_000 => format!("{:.1} min", ms as f64 / 60_000.0),
         _ => format!("{:.1} h", ms as f64 / 3_600_000.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p99(change: f64, interval: [f64; 2]) -> Difference {
+        Difference {
+            bucket: Priority::Normal,
+            figure: "p99",
+            first_ms: 1_000,
+            second_ms: (1_000.0 * (1.0 + change / 100.0)) as u64,
+            change_percent: Some(change),
+            interval_percent: Some(interval),
+        }
+    }
+
+    #[test]
+    fn a_narrow_interval_is_unchanged_and_a_wide_one_inconclusive() {
+        let sure_but_small = verdict("B", &[p99(-0.35, [-0.4, -0.3])]);
+        assert!(
+            sure_but_small.contains("leaves normal p99 wait unchanged"),
+            "{sure_but_small}"
+        );
+        let wide = verdict("B", &[p99(-30.0, [-99.3, 30.3])]);
+        assert!(
+            wide.contains("is inconclusive on normal p99 wait [−99.3 %, +30.3 %]"),
+            "{wide}"
+        );
+        let lower = verdict("B", &[p99(-11.4, [-11.5, -11.2])]);
+        assert!(
+            lower.contains("lowers normal p99 wait by 11.4 %"),
+            "{lower}"
+        );
+        assert!(
+            lower.contains("inconclusive otherwise"),
+            "the thresholds are stated: {lower}"
+        );
+    }
+
+    #[test]
+    fn a_share_far_from_its_weight_is_reported_and_a_near_one_is_not() {
+        let (checks, line) = share_check(&[("A".into(), 299, 1), ("B".into(), 101, 1)], "device");
+        assert_eq!(checks[0].share_percent, 74.75);
+        assert_eq!(checks[1].weight_percent, 50.0);
+        let line = line.expect("299/101 for 50/50 is reported");
+        assert!(
+            line.contains("B 25.2 % of the tasks against a weight of 50.0 %"),
+            "{line}"
+        );
+        assert!(line.contains("assigned by device"), "{line}");
+        let (_, near) = share_check(&[("A".into(), 205, 1), ("B".into(), 195, 1)], "task");
+        assert_eq!(near, None);
+        // Off by more than 10 points, but within chance for 12 tasks.
+        let (_, few) = share_check(&[("A".into(), 8, 1), ("B".into(), 4, 1)], "task");
+        assert_eq!(few, None);
     }
 }

@@ -164,6 +164,27 @@ fn a_component_of_another_kind_is_refused_as_an_upload_would_be() {
     ));
 }
 
+/// A replay splits no task, so a split or merge choice would print "unchanged" for a policy
+/// that never ran: it is refused, naming what does compare them.
+#[test]
+fn a_split_or_merge_choice_is_refused_naming_what_compares_them() {
+    for choice in ["merge=builtin:merge-threshold", "split=builtin:split-hash"] {
+        let error = Variant::pair(Vec::new(), vec![choice.parse().unwrap()]).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.contains("splits no task") && text.contains("sluice experiment start"),
+            "{text}"
+        );
+    }
+    assert!(
+        Variant::pair(
+            vec!["merge=builtin:merge-topk".parse().unwrap()],
+            Vec::new()
+        )
+        .is_err()
+    );
+}
+
 #[test]
 fn choices_and_worker_specs_are_parsed_or_refused_with_a_reason() {
     let choice: PolicyChoice =

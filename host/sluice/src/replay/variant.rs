@@ -111,6 +111,11 @@ pub struct Variant {
     pub choices: Vec<PolicyChoice>,
 }
 
+/// The kinds a replay consults: it splits no task (its engine has no split kinds), so split
+/// and merge policies never run in it.
+const MODELLED_KINDS: [PolicyKind; 3] =
+    [PolicyKind::Priority, PolicyKind::Aging, PolicyKind::Retry];
+
 impl Variant {
     /// What it runs, as the command line said it; `defaults` when nothing was chosen.
     pub fn label(&self) -> String {
@@ -129,6 +134,18 @@ impl Variant {
     ) -> Result<Vec<Variant>, ReplayError> {
         for choices in [&policy, &compare] {
             for (n, choice) in choices.iter().enumerate() {
+                if !MODELLED_KINDS.contains(&choice.kind) {
+                    return Err(ReplayError::Choice {
+                        choice: choice.to_string(),
+                        detail: format!(
+                            "`sluice sim` replays dispatch (priority, aging and retry) and \
+                             splits no task, so a {} policy would change nothing here: compare \
+                             split and merge strategies with an experiment on a live server \
+                             (`sluice experiment start`, docs/simulation.md)",
+                            choice.kind
+                        ),
+                    });
+                }
                 if choices[..n].iter().any(|c| c.kind == choice.kind) {
                     return Err(ReplayError::Choice {
                         choice: choice.to_string(),
