@@ -15,6 +15,7 @@ mod metrics;
 mod pool;
 mod registry;
 mod runtime;
+mod sample;
 mod slot;
 mod trial;
 mod wasi;

@@ -219,7 +219,7 @@ impl<P: Policy> Slot<P> {
     /// `judge` refuses), with the version behind it, down to the built-in one. `judge` turns
     /// a usable answer into the decision. Fails only when every version in the chain faulted.
     /// A shadow experiment's variants then decide beside it, unheeded.
-    pub fn decide<R, T: PartialEq + std::fmt::Debug>(
+    pub fn decide<R, T: PartialEq + super::sample::Sample>(
         &self,
         now_ms: u64,
         call: impl FnMut(&mut P) -> Result<R, PolicyError>,
@@ -230,7 +230,7 @@ impl<P: Policy> Slot<P> {
 
     /// `decide` for tasks assigned `variant` of a live experiment: that variant's version
     /// decides while the experiment runs, the active chain when it faults or has ended.
-    pub fn decide_for<R, T: PartialEq + std::fmt::Debug>(
+    pub fn decide_for<R, T: PartialEq + super::sample::Sample>(
         &self,
         now_ms: u64,
         variant: Option<VariantTag>,

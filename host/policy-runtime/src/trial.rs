@@ -7,16 +7,16 @@
 use super::instance::Policy;
 use super::metrics::PolicyMetrics;
 use super::runtime::PolicyError;
+use super::sample::Sample;
 use super::slot::{Loaded, SlotAnswer};
 use serde::Serialize;
 use sluice_model::{Experiment, ExperimentMode, VariantTag};
-use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Disagreements kept per variant, and the longest each may be: enough to see what differs.
+/// Disagreements kept per variant: enough to see what differs (each answer in one is cut at
+/// `sample::MAX_SAMPLE_ITEMS` items).
 pub const MAX_DISAGREEMENT_SAMPLES: usize = 16;
-pub const MAX_SAMPLE_BYTES: usize = 512;
 
 /// One variant: its version, loaded (none when it could not be at start: its tasks are then
 /// decided by the active chain, and each such decision counts as a fault), and its counters.
@@ -26,7 +26,7 @@ pub struct Arm<P> {
     faults_total: AtomicU64,
     compared_total: AtomicU64,
     disagreements_total: AtomicU64,
-    samples: Mutex<Vec<String>>,
+    samples: Mutex<Vec<serde_json::Value>>,
 }
 
 impl<P> Arm<P> {
@@ -54,8 +54,10 @@ pub struct ArmFigures {
     /// Shadow: answers compared with the active one, and how many differed.
     pub compared_total: u64,
     pub disagreements_total: u64,
-    /// Shadow: the first disagreements, "active: … / variant: …".
-    pub disagreement_samples: Vec<String>,
+    /// Shadow: the first disagreements, each `{"active": answer, "variant": answer}` with the
+    /// answers as JSON (`sample.rs`).
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
+    pub disagreement_samples: Vec<serde_json::Value>,
 }
 
 pub struct Trial<P> {
@@ -118,7 +120,7 @@ impl<P: Policy> Trial<P> {
 
     /// Shadow: every variant decides on the same inputs after `active`; only agreement is
     /// kept. A variant of the version that answered is the active answer itself: skipped.
-    pub fn shadow<R, T: PartialEq + Debug>(
+    pub fn shadow<R, T: PartialEq + Sample>(
         &self,
         active: &SlotAnswer<T>,
         metrics: &PolicyMetrics,
@@ -145,7 +147,10 @@ impl<P: Policy> Trial<P> {
                         arm.disagreements_total.fetch_add(1, Ordering::Relaxed);
                         let mut samples = arm.samples.lock().unwrap_or_else(|p| p.into_inner());
                         if samples.len() < MAX_DISAGREEMENT_SAMPLES {
-                            samples.push(sample(&active.answer, &answer));
+                            samples.push(serde_json::json!({
+                                "active": active.answer.sample(),
+                                "variant": answer.sample(),
+                            }));
                         }
                     }
                 }
@@ -155,17 +160,4 @@ impl<P: Policy> Trial<P> {
             }
         }
     }
-}
-
-/// The two answers side by side, cut to `MAX_SAMPLE_BYTES` on a character boundary.
-fn sample<T: Debug>(active: &T, variant: &T) -> String {
-    let text = format!("active: {active:?} / variant: {variant:?}");
-    if text.len() <= MAX_SAMPLE_BYTES {
-        return text;
-    }
-    let mut end = MAX_SAMPLE_BYTES - 3;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &text[..end])
 }
