@@ -221,7 +221,7 @@ fn unknown_variables(
         .map(|name| {
             let nearest = known
                 .iter()
-                .map(|candidate| (edit_distance(&name, candidate), candidate))
+                .map(|candidate| (strsim::levenshtein(&name, candidate), candidate))
                 .filter(|(distance, _)| *distance <= 2)
                 .min()
                 .map(|(_, candidate)| candidate.clone());
@@ -230,22 +230,6 @@ fn unknown_variables(
         .collect();
     unknown.sort();
     unknown
-}
-
-/// Levenshtein distance over bytes (the names are ASCII).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut previous: Vec<usize> = (0..=b.len()).collect();
-    for (i, &x) in a.iter().enumerate() {
-        let mut current = vec![i + 1; b.len() + 1];
-        for (j, &y) in b.iter().enumerate() {
-            current[j + 1] = (previous[j] + usize::from(x != y))
-                .min(previous[j + 1] + 1)
-                .min(current[j] + 1);
-        }
-        previous = current;
-    }
-    previous[b.len()]
 }
 
 async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
