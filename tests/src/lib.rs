@@ -691,6 +691,26 @@ where
     }
 }
 
+/// Waits until `count` shards of `collection` have a live worker, as `GET /v1/collections/NAME`
+/// shows it (a search split before would leave a shard out); its view.
+pub async fn live_shards(
+    client: &reqwest::Client,
+    server: &Server,
+    collection: &str,
+    count: u64,
+) -> Value {
+    let url = server.endpoint(&format!("/v1/collections/{collection}"));
+    wait_for(
+        &format!("{count} live shards of {collection}"),
+        Duration::from_secs(60),
+        || async {
+            let answer = get_json(client, &url).await;
+            (answer.status == 200 && answer.body["live_shards"] == count).then_some(answer.body)
+        },
+    )
+    .await
+}
+
 /// The scheduler's counts (`GET /v1/stats`): tasks in `state`.
 pub async fn count_in(client: &reqwest::Client, server: &Server, state: &str) -> u64 {
     let stats = get_json(client, &server.endpoint("/v1/stats")).await;

@@ -167,6 +167,7 @@ async fn split_ivf_with_a_centroid_blob_answers_what_its_probes_reach() {
             "4",
         ],
     );
+    live_shards(&client, &server, "default", 1).await;
     for row in [3, 500, 1234, 2047] {
         let query: Vec<f32> = data[row * DIM..(row + 1) * DIM]
             .iter()

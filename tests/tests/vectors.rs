@@ -105,6 +105,23 @@ fn cli(server: &Server, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Submits a search with `payload` that must be refused (422 `problem`); the detail.
+async fn refused(
+    client: &reqwest::Client,
+    server: &Server,
+    payload: Value,
+    problem: &str,
+) -> String {
+    let answer = post_json(
+        client,
+        &server.endpoint("/v1/tasks"),
+        &json!({"kind": "vector.search", "payload": payload}),
+    )
+    .await;
+    assert_problem(&answer, 422, problem);
+    answer.body["detail"].as_str().unwrap().to_owned()
+}
+
 /// A temporary folder holding the data set as .npy, and a server started with `args`.
 fn start(
     store: &TestStore,
@@ -151,6 +168,7 @@ async fn split_queries_equal_exact_search_and_a_merge_policy_swap_applies_to_the
         .map(|i| shard_worker(&server, &file, i, 3, &[]))
         .collect();
     let client = http();
+    live_shards(&client, &server, "default", 3).await;
 
     for row in [0, 77, 301, 599] {
         let query = query_vector(&data, row);
@@ -221,6 +239,7 @@ async fn a_shard_worker_killed_mid_query_gives_a_partial_answer_or_a_failure_nam
     // Shard 1's worker holds its children until it is killed.
     let shard1 = shard_worker(&server, &file, 1, 2, &["--exec-ms", "600000"]);
     let client = http();
+    live_shards(&client, &server, "default", 2).await;
     let query = query_vector(&data, 10);
     let allowed = submit(&client, &server, json!({"vector": query, "k": K})).await;
     let strict = submit(
@@ -272,19 +291,73 @@ async fn bad_queries_and_refused_splits_create_nothing_and_a_cancelled_parent_ca
     let dir = tempfile::tempdir().unwrap();
     let server = store.start_with(dir.path(), &["--policy-config", "split.shards=2"]);
     let client = http();
+    // No worker holds the default collection and none was declared: nothing to search.
+    let detail = refused(
+        &client,
+        &server,
+        json!({"vector": [1.0, 2.0]}),
+        "split-refused",
+    )
+    .await;
+    assert!(
+        detail.contains("collection `default` is unknown"),
+        "{detail}"
+    );
+    // Declared by an administrator (kept in the catalog): two shards of two dimensions.
+    let declare = |name: &str, body: Value| {
+        let url = server.endpoint(&format!("/v1/collections/{name}"));
+        let client = client.clone();
+        async move {
+            let response = client.put(url).json(&body).send().await.unwrap();
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            (status, body)
+        }
+    };
+    let (status, body) = declare("default", json!({"dim": 2, "shards": 2})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["metric"], "l2");
+    for bad in [
+        json!({"dim": 0, "shards": 2}),
+        json!({"dim": 2, "shards": 5000}),
+        json!({"dim": 2}),
+        json!({"dim": 2, "shards": 2, "colour": "red"}),
+    ] {
+        let (status, body) = declare("default", bad.clone()).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert_eq!(
+            body["type"], "urn:sluice:problem:invalid-request",
+            "{bad}: {body}"
+        );
+    }
+    let (status, _) = declare("a%20b", json!({"dim": 2, "shards": 2})).await;
+    assert_eq!(status, 400);
+    let view = get_json(&client, &server.endpoint("/v1/collections/default")).await;
+    assert_eq!(view.body["declared"], true, "{:?}", view.body);
+    assert_eq!(view.body["shards"], 2);
+    assert_eq!(view.body["live_shards"], 0);
+    let missing = get_json(&client, &server.endpoint("/v1/collections/nothing")).await;
+    assert_problem(&missing, 404, "collection-not-found");
+    for (payload, field) in [
+        (
+            json!({"vector": [1.0, 2.0, 3.0]}),
+            "has 3 numbers; collection `default` has 2",
+        ),
+        (
+            json!({"vector": [1.0, 2.0], "metric": "ip"}),
+            "searched by l2, not ip",
+        ),
+    ] {
+        let detail = refused(&client, &server, payload, "invalid-task").await;
+        assert!(detail.contains(field), "{detail}");
+    }
     for payload in [
         json!({"vector": []}),
         json!({"vector": [1.0], "k": 0}),
         json!({"vector": [1.0], "metric": "cosine"}),
         json!({"k": 3}),
     ] {
-        let answer = post_json(
-            &client,
-            &server.endpoint("/v1/tasks"),
-            &json!({"kind": "vector.search", "payload": payload}),
-        )
-        .await;
-        assert_problem(&answer, 422, "invalid-task");
+        refused(&client, &server, payload, "invalid-task").await;
     }
 
     let id = submit(&client, &server, json!({"vector": [1.0, 2.0]})).await;
@@ -318,14 +391,13 @@ async fn bad_queries_and_refused_splits_create_nothing_and_a_cancelled_parent_ca
     let version = uploaded["version"].as_u64().unwrap().to_string();
     cli(&server, &["policy", "activate", "split", &version]);
     let before = count_in(&client, &server, "cancelled").await;
-    let answer = post_json(
+    let detail = refused(
         &client,
-        &server.endpoint("/v1/tasks"),
-        &json!({"kind": "vector.search", "payload": {"vector": [1.0]}}),
+        &server,
+        json!({"vector": [1.0, 2.0]}),
+        "split-refused",
     )
     .await;
-    assert_problem(&answer, 422, "split-refused");
-    let detail = answer.body["detail"].as_str().unwrap();
     assert!(detail.contains("limit of 256"), "{detail}");
     let stats = get_json(&client, &server.endpoint("/v1/stats")).await.body;
     let total: u64 = stats["tasks_by_state"]
@@ -339,4 +411,111 @@ async fn bad_queries_and_refused_splits_create_nothing_and_a_cancelled_parent_ca
         "only the cancelled parent and its two children: {stats}"
     );
     assert_eq!(before, 3);
+}
+
+/// The acceptance of issue 47's first item: four shard workers started as the docs say (the
+/// last one after the others), no split configuration, and every search answers from all four
+/// shards; a killed worker's shard is named missing, with coverage measured by data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_shard_workers_with_no_split_setting_are_all_searched_and_a_dead_one_is_named() {
+    let (_dir, data, file, server) = start(&TestStore::Sled, &["--worker-stale-ms", "3000"]);
+    let client = http();
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|i| shard_worker(&server, &file, i, 4, &[]))
+        .collect();
+    let three = live_shards(&client, &server, "default", 3).await;
+    assert_eq!(three["shards"], 4, "{three}");
+    assert_eq!(three["declared"], false);
+    workers.push(shard_worker(&server, &file, 3, 4, &[]));
+    live_shards(&client, &server, "default", 4).await;
+
+    let mut recalled = 0;
+    let rows = [0, 41, 150, 151, 299, 300, 449, 450, 598, 599];
+    for row in rows {
+        let query = query_vector(&data, row);
+        let id = submit(&client, &server, json!({"vector": query, "k": K})).await;
+        let parent = ended(&client, &server, &id).await;
+        let result = &parent["result"];
+        assert_eq!(parent["state"], "completed", "{parent:?}");
+        assert_eq!(result["children"], 4, "{result}");
+        assert_eq!(result["coverage"], 1.0);
+        assert_eq!(result["partial"], false);
+        assert_eq!(
+            (&result["collection"], &result["metric"]),
+            (&json!("default"), &json!("l2"))
+        );
+        let expected: Vec<u64> = exact(&data, &query, K).iter().map(|h| h.0).collect();
+        let got = hit_ids(result);
+        recalled += got.iter().filter(|id| expected.contains(id)).count();
+        assert_eq!(got, expected, "query near row {row}");
+    }
+    assert_eq!(recalled, rows.len() * K, "recall@{K} = 1.0");
+
+    // A worker that disagrees with the collection's shape is refused, and says why.
+    let wrong = Command::new(sluice_binary())
+        .args([
+            "worker",
+            "--server",
+            &server.url,
+            "--id",
+            "wrong",
+            "--gpus",
+            "0",
+        ])
+        .args(["--vectors", file.to_str().unwrap(), "--shard", "5/8"])
+        .env("SLUICE_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(!wrong.status.success());
+    let said = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        said.contains("shard 5/8") && said.contains("has 4 shards"),
+        "{said}"
+    );
+
+    // Shard 2's worker dies: once its heartbeat is stale, searches leave shard 2 out and say so.
+    workers.remove(2).kill9();
+    live_shards(&client, &server, "default", 3).await;
+    let query = query_vector(&data, 320);
+    let id = submit(&client, &server, json!({"vector": query, "k": K})).await;
+    let partial = ended(&client, &server, &id).await;
+    assert_eq!(partial["state"], "completed", "{partial:?}");
+    let result = &partial["result"];
+    assert_eq!(result["partial"], true, "{result}");
+    assert_eq!(result["coverage"], 0.75);
+    assert_eq!(result["children"], 3);
+    let missing = result["missing"].as_array().unwrap();
+    assert_eq!(missing.len(), 1, "{missing:?}");
+    assert!(
+        missing[0].as_str().unwrap().starts_with("shard 2 ("),
+        "{missing:?}"
+    );
+    // Exactly what shards 0, 1 and 3 hold: every row but 300..450.
+    let kept: Vec<f32> = data
+        .chunks_exact(DIM)
+        .enumerate()
+        .filter(|(row, _)| !(300..450).contains(row))
+        .flat_map(|(_, v)| v.iter().copied())
+        .collect();
+    let renumber = |i: u64| if i >= 300 { i + 150 } else { i };
+    let expected: Vec<u64> = exact(&kept, &query, K)
+        .iter()
+        .map(|h| renumber(h.0))
+        .collect();
+    assert_eq!(hit_ids(result), expected);
+
+    let strict = submit(
+        &client,
+        &server,
+        json!({"vector": query, "k": K, "allow_partial": false}),
+    )
+    .await;
+    let failed = ended(&client, &server, &strict).await;
+    assert_eq!(failed["state"], "failed", "{failed:?}");
+    assert_eq!(failed["error"]["class"], "partial");
+    let message = failed["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("1 of 4 shards") && message.contains("shard 2"),
+        "{message}"
+    );
 }

@@ -352,6 +352,20 @@ impl Client {
         self.get_json("/v1/workers", &[]).await
     }
 
+    /// Every vector collection known, or one, with the shards that have a live worker.
+    pub async fn collections(&self, name: Option<&str>) -> Result<Value, ClientError> {
+        match name {
+            Some(name) => self.get_json(&format!("/v1/collections/{name}"), &[]).await,
+            None => self.get_json("/v1/collections", &[]).await,
+        }
+    }
+
+    /// Declares a vector collection (admin): `{"dim": .., "metric": .., "shards": ..}`.
+    pub async fn declare_collection(&self, name: &str, body: &Value) -> Result<Value, ClientError> {
+        self.put_json(&format!("/v1/collections/{name}"), body)
+            .await
+    }
+
     /// The scheduler's counts: tasks by state, queued tasks by bucket.
     pub async fn stats(&self) -> Result<Value, ClientError> {
         self.get_json("/v1/stats", &[]).await
@@ -394,6 +408,16 @@ impl Client {
     ) -> Result<T, ClientError> {
         let url = format!("{}{path}", self.base);
         let response = self.send(&url, self.http.post(&url).json(body)).await?;
+        Self::decode(&url, response).await
+    }
+
+    async fn put_json(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<Value, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let response = self.send(&url, self.http.put(&url).json(body)).await?;
         Self::decode(&url, response).await
     }
 

@@ -58,6 +58,8 @@ pub struct SplitInput<'a> {
     /// Its arrival order, as its admission's.
     pub seq: u64,
     pub query: &'a VectorQuery,
+    /// The collection it searches, as it stands now.
+    pub layout: &'a sluice_model::Layout,
 }
 
 /// A split policy's answer: each child's filter and weight, or its reason to refuse.
@@ -78,7 +80,8 @@ pub struct NativeDecider {
     /// Fair-share weights by tenant name (`priority-buckets`' `tenant_weights`); none named
     /// by default, so every tenant weighs 1.
     pub tenant_weights: Vec<(String, u32)>,
-    /// Stored shards a search splits over, one child each (`split-shards`' `shards`).
+    /// Stored shards a search splits over, one child each (`split-shards`' `shards`); 0 for
+    /// the collection's live shards (its default).
     pub shards: u32,
 }
 
@@ -89,7 +92,7 @@ impl Default for NativeDecider {
             retry: retry_backoff::Settings::default(),
             bucket_weights: DEFAULT_BUCKET_WEIGHTS,
             tenant_weights: Vec::new(),
-            shards: 1,
+            shards: 0,
         }
     }
 }
@@ -149,11 +152,25 @@ impl Decide for NativeDecider {
     }
 
     /// One child per stored shard, of equal weight: `split-shards`' rule.
-    fn split(&self, _now_ms: u64, _input: &SplitInput) -> Result<Decided<SplitAnswer>, String> {
-        Ok(Decided {
-            answer: Ok((0..self.shards.max(1))
+    fn split(&self, _now_ms: u64, input: &SplitInput) -> Result<Decided<SplitAnswer>, String> {
+        let shards: Vec<u32> = if self.shards == 0 {
+            input.layout.live.clone()
+        } else {
+            (0..self.shards).collect()
+        };
+        let answer = if shards.is_empty() {
+            Err(format!(
+                "no shard of collection `{}` has a live worker",
+                input.layout.collection
+            ))
+        } else {
+            Ok(shards
+                .into_iter()
                 .map(|shard| (ShardFilter::Shard(shard), 1.0))
-                .collect()),
+                .collect())
+        };
+        Ok(Decided {
+            answer,
             version: None,
         })
     }

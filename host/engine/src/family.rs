@@ -6,12 +6,14 @@
 
 use super::Engine;
 use sluice_model::{
-    Actor, Change, Family, FamilyPart, IllegalTransition, MergedAnswer, NewTask, ShardFilter,
-    State, Task, TaskError, TaskId, TaskWrite, VectorQuery,
+    Actor, Change, Family, FamilyPart, IllegalTransition, MergedAnswer, NewTask, SearchScope,
+    ShardFilter, State, Task, TaskError, TaskId, TaskWrite, VectorQuery,
 };
 
 /// The label a child carries so that only a worker holding its data claims it.
 pub const SHARD_LABEL: &str = "shard";
+/// The label a child carries so that only a worker of its collection claims it.
+pub const COLLECTION_LABEL: &str = "collection";
 
 /// One child as the split policy gave it, with its payload already written.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,7 +25,8 @@ pub struct ChildPlan {
 
 impl Engine {
     /// Plans `parent` (Queued) → Split, with one new queued child per plan: same kind,
-    /// bucket, rank and deadline as the parent, labelled with its shard's routing. `randoms`
+    /// bucket, rank and deadline as the parent, labelled with its collection and its shard's
+    /// routing. `randoms`
     /// gives one random id part per child. The parent's write comes first in the change.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn plan_split(
@@ -33,6 +36,7 @@ impl Engine {
         parent: &Task,
         children: &[ChildPlan],
         query: &VectorQuery,
+        scope: SearchScope,
         version: Option<u32>,
     ) -> Result<Change, IllegalTransition> {
         let mut ids = self.ids.clone();
@@ -48,6 +52,8 @@ impl Engine {
             ),
             None => format!("split into {} children", children.len()),
         };
+        let shards = scope.shards;
+        let collection = scope.collection.clone();
         let family = Family {
             parts: children
                 .iter()
@@ -56,6 +62,10 @@ impl Engine {
                     task,
                     weight: child.weight,
                     covers: child.filter.describe(),
+                    shard: match child.filter {
+                        ShardFilter::Shard(shard) => Some(shard),
+                        _ => None,
+                    },
                 })
                 .collect(),
             settled: 0,
@@ -64,6 +74,7 @@ impl Engine {
             merge_at_ms: query
                 .merge_deadline_ms
                 .map(|ms| parent.created_at_ms.saturating_add(ms)),
+            scope: Some(scope),
         };
         let mut change = self.plan_with(
             now_ms,
@@ -100,7 +111,8 @@ impl Engine {
             );
             offset += 2;
             let mut labels = parent.labels.clone();
-            labels.insert(SHARD_LABEL.to_owned(), plan.filter.routing());
+            labels.insert(SHARD_LABEL.to_owned(), plan.filter.routing(shards));
+            labels.insert(COLLECTION_LABEL.to_owned(), collection.clone());
             let child = Task {
                 id,
                 key: None,

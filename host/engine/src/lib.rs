@@ -20,6 +20,7 @@ mod aging;
 mod breaker;
 mod callbacks;
 mod claims;
+mod collections;
 mod concurrency;
 mod decide;
 mod family;
@@ -40,17 +41,18 @@ mod wrr;
 pub use breaker::{BreakerOptions, BreakerState};
 pub use callbacks::{CALLBACK_ATTEMPT_TIMEOUT_MS, CallbackOutcome, MAX_CALLBACK_ATTEMPTS};
 pub use claims::{NoClaim, Pick};
+pub use collections::{CollectionView, HeartbeatRefused, ShardView};
 pub use decide::{
     Decide, Decided, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
 };
-pub use family::{ChildPlan, SHARD_LABEL, ready_to_merge};
+pub use family::{COLLECTION_LABEL, ChildPlan, SHARD_LABEL, ready_to_merge};
 pub use queues::{BucketQueues, NamedWeights, TenantWeights, Waiting};
 pub use reaper::Due;
 pub use reports::{Report, RetryDecision, Verdict, judge_report};
 pub use sluice_model::{from_bucket, task_view, to_bucket};
 pub use step::{CallbackJob, Claimed, Input, Read, Reply, Step, StepError, Submitted};
 pub use views::failure as failure_view;
-pub use workers::{TooManyWorkers, WorkerView};
+pub use workers::WorkerView;
 
 use sluice_model::{
     Actor, Admission, Change, Event, IdGenerator, IllegalTransition, KeyRecord, NewTask, Recovery,
@@ -118,6 +120,8 @@ pub struct EngineOptions {
     pub split_kinds: Vec<String>,
     /// Concurrency limits at start (the configuration's and those set through the API).
     pub concurrency_limits: Vec<sluice_model::ConcurrencyLimit>,
+    /// Vector collections declared at start.
+    pub collections: Vec<sluice_model::Collection>,
     /// Preemption, when on: how long an urgent task waits with no worker free before the
     /// attempt of a lower bucket is stopped for it (and how often one worker may be asked to).
     pub preempt_after_ms: Option<u64>,
@@ -139,6 +143,7 @@ impl Default for EngineOptions {
             aging_interval_ms: 1_000,
             split_kinds: vec!["vector.search".to_owned()],
             concurrency_limits: Vec::new(),
+            collections: Vec::new(),
             preempt_after_ms: None,
             affinity_wait_ms: 10_000,
         }
@@ -169,6 +174,8 @@ pub struct Engine {
     reserved: std::collections::BTreeMap<TaskId, preempt::Reservation>,
     /// Which workers have which models loaded.
     warm_models: placement::WarmModels,
+    /// Vector collections declared by an admin.
+    collections: collections::Declared,
     tasks_by_state: [u64; 12],
     illegal_transitions: u64,
     /// When the next tick ages the queues.
@@ -192,6 +199,7 @@ impl Engine {
             key_use: concurrency::KeyUse::default(),
             reserved: std::collections::BTreeMap::new(),
             warm_models: placement::WarmModels::default(),
+            collections: collections::Declared::new(&options.collections),
             options,
             ids: IdGenerator::default(),
             next_event_seq: 1,

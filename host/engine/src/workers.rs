@@ -3,6 +3,7 @@
 //! a restart, and the leases they held are rebuilt from the tasks.
 
 use super::breaker::{Breaker, BreakerState};
+use super::collections::HeartbeatRefused;
 use super::queues::Waiting;
 use serde::Serialize;
 use sluice_model::{Actor, Heartbeat, TaskId, WorkerEvent};
@@ -161,12 +162,6 @@ impl GpuRoom {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("the scheduler already knows {max} workers; silent ones are forgotten after a while")]
-pub struct TooManyWorkers {
-    pub max: usize,
-}
-
 /// A worker as `GET /v1/workers` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -258,17 +253,23 @@ impl WorkerState {
 
 impl super::Engine {
     /// Registers or refreshes a worker. A new worker past `max_workers` is refused, so the
-    /// table stays bounded whatever ids callers send.
+    /// table stays bounded whatever ids callers send; so is a shard worker whose vectors do
+    /// not fit the collection it names (the worker keeps its last accepted heartbeat).
     pub fn heartbeat(
         &mut self,
         now_ms: u64,
         worker: &str,
         heartbeat: Heartbeat,
-    ) -> Result<(), TooManyWorkers> {
+    ) -> Result<(), HeartbeatRefused> {
         if self.workers.get(worker).is_none() && self.workers.len() >= self.options.max_workers {
-            return Err(TooManyWorkers {
+            return Err(HeartbeatRefused::TooManyWorkers {
                 max: self.options.max_workers,
             });
+        }
+        if let Some(announced) = &heartbeat.vectors
+            && let Some(why) = self.announcement_refused(now_ms, worker, announced)
+        {
+            return Err(HeartbeatRefused::CollectionMismatch(why));
         }
         let state = self.workers.entry(worker);
         if state.heartbeat.loaded_models != heartbeat.loaded_models {

@@ -4,6 +4,7 @@
 
 mod access;
 mod change;
+mod collection;
 mod concurrency;
 mod destination;
 mod event;
@@ -21,6 +22,10 @@ mod worker;
 
 pub use access::{AuditEvent, Role, TokenRecord};
 pub use change::{Change, KeyRecord, NewTask, Recovery, TaskWrite};
+pub use collection::{
+    Collection, DEFAULT_COLLECTION, Layout, MAX_COLLECTION_SHARDS, MAX_COLLECTIONS,
+    ShardAnnouncement, check_collection_name,
+};
 pub use concurrency::{
     ConcurrencyLimit, ConcurrencyLimits, MAX_CONCURRENCY_LIMIT, MAX_CONCURRENCY_LIMITS,
     check_concurrency_limit,
@@ -43,8 +48,8 @@ pub use spec::{
 };
 pub use state::{IllegalTransition, State};
 pub use task::{
-    Admission, Callback, Family, FamilyPart, Lease, MAX_RETIRED_LEASES, RetiredLease, Task,
-    TaskError, token_digest,
+    Admission, Callback, Family, FamilyPart, Lease, MAX_RETIRED_LEASES, RetiredLease, SearchScope,
+    Task, TaskError, token_digest,
 };
 pub use vector::{
     Hit, MAX_DIMENSIONS as VECTOR_MAX_DIMENSIONS, MergedAnswer, Metric, ShardAnswer, ShardFilter,

@@ -106,6 +106,18 @@ pub struct Family {
     pub allow_partial: bool,
     /// When it merges whatever has answered, if its children have not all ended by then.
     pub merge_at_ms: Option<u64>,
+    /// The collection searched, as its layout stood at the split (none in families split
+    /// before collections existed).
+    pub scope: Option<SearchScope>,
+}
+
+/// What a split search was over: coverage is measured against it, not against the children.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SearchScope {
+    pub collection: String,
+    pub metric: crate::Metric,
+    /// The collection's shards at the split.
+    pub shards: u32,
 }
 
 /// One child of a split parent.
@@ -115,6 +127,8 @@ pub struct FamilyPart {
     pub weight: f32,
     /// What it covers, for messages ("shard 3").
     pub covers: String,
+    /// The stored shard it searches, for a shard filter.
+    pub shard: Option<u32>,
 }
 
 /// One attempt's hold on a task: only reports carrying `token` count, and only until

@@ -11,6 +11,7 @@ pub const MAX_K: u32 = 1_000;
 pub const MAX_MERGE_DEADLINE_MS: u64 = 24 * 3_600_000;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Metric {
     /// Squared Euclidean distance.
@@ -21,6 +22,13 @@ pub enum Metric {
 }
 
 impl Metric {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Metric::L2 => "l2",
+            Metric::Ip => "ip",
+        }
+    }
+
     pub fn distance(self, a: &[f32], b: &[f32]) -> f32 {
         match self {
             Metric::L2 => a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum(),
@@ -44,8 +52,13 @@ pub struct VectorQuery {
     pub vector: Vec<f32>,
     #[serde(default = "default_k")]
     pub k: u32,
-    #[serde(default)]
-    pub metric: Metric,
+    /// The collection searched; `default` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collection: Option<String>,
+    /// The collection's metric when absent; another metric than a declared collection's is
+    /// refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<Metric>,
     /// IVF lists to probe; 0 lets the split policy choose.
     #[serde(default)]
     pub nprobe: u32,
@@ -71,6 +84,10 @@ impl VectorQuery {
         if query.vector.iter().any(|x| !x.is_finite()) {
             return Err(field("payload.vector", "must hold finite numbers only"));
         }
+        if let Some(name) = &query.collection {
+            super::collection::check_collection_name(name)
+                .map_err(|_| field("payload.collection", "1 to 64 bytes of A-Z a-z 0-9 . _ -"))?;
+        }
         if query.k == 0 || query.k > MAX_K {
             return Err(field("payload.k", format!("must be 1 to {MAX_K}")));
         }
@@ -84,6 +101,13 @@ impl VectorQuery {
             ));
         }
         Ok(query)
+    }
+
+    /// The collection it searches.
+    pub fn collection(&self) -> &str {
+        self.collection
+            .as_deref()
+            .unwrap_or(super::collection::DEFAULT_COLLECTION)
     }
 }
 
@@ -102,11 +126,12 @@ pub enum ShardFilter {
 }
 
 impl ShardFilter {
-    /// The label value a worker must carry to run a child with this filter: its shard's
-    /// number for a stored shard, `all` (a worker holding the whole set) for the others.
-    pub fn routing(&self) -> String {
+    /// The label value a worker must carry to run a child with this filter, in a collection
+    /// of `shards` shards: its shard's number for a stored shard of several, `all` (a worker
+    /// holding the whole set) for the only shard and for the other filters.
+    pub fn routing(&self, shards: u32) -> String {
         match self {
-            ShardFilter::Shard(shard) => shard.to_string(),
+            ShardFilter::Shard(shard) if shards > 1 => shard.to_string(),
             _ => "all".to_owned(),
         }
     }
@@ -175,11 +200,18 @@ pub struct ShardAnswer {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MergedAnswer {
     pub hits: Vec<Hit>,
-    /// The share of children that answered, 0 to 1.
+    /// The collection searched and its metric (absent in answers merged before collections).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collection: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<Metric>,
+    /// The share of the data whose answer is in `hits`, 0 to 1: of the collection's shards
+    /// for a shard split, of the children otherwise.
     pub coverage: f64,
     pub partial: bool,
     pub children: u32,
-    /// What the children that did not answer covered, and why.
+    /// What was not searched — shards no child asked for, children that did not answer — and
+    /// why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<String>,
     /// The merge policy version that merged; absent when the host's own merge did.
@@ -196,8 +228,13 @@ mod tests {
     fn a_query_takes_defaults_and_refuses_what_it_cannot_search() {
         let query = VectorQuery::parse(&json!({"vector": [1.0, 2.0]})).unwrap();
         assert_eq!(
-            (query.k, query.metric, query.allow_partial),
-            (10, Metric::L2, true)
+            (
+                query.k,
+                query.metric,
+                query.allow_partial,
+                query.collection()
+            ),
+            (10, None, true, "default")
         );
         for bad in [
             json!({"vector": []}),
@@ -206,6 +243,7 @@ mod tests {
             json!({"vector": [1.0], "metric": "cosine"}),
             json!({"vector": [1.0], "merge_deadline_ms": 0}),
             json!({"vector": [1.0], "extra": 1}),
+            json!({"vector": [1.0], "collection": "a/b"}),
             json!({"k": 3}),
             json!("text"),
         ] {
@@ -215,8 +253,9 @@ mod tests {
 
     #[test]
     fn filters_route_describe_and_select() {
-        assert_eq!(ShardFilter::Shard(3).routing(), "3");
-        assert_eq!(ShardFilter::IdRange(0, 5).routing(), "all");
+        assert_eq!(ShardFilter::Shard(3).routing(4), "3");
+        assert_eq!(ShardFilter::Shard(0).routing(1), "all");
+        assert_eq!(ShardFilter::IdRange(0, 5).routing(4), "all");
         assert!(ShardFilter::IdRange(2, 5).selects_id(2));
         assert!(!ShardFilter::IdRange(2, 5).selects_id(5));
         let of = 4;

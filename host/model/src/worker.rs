@@ -66,6 +66,10 @@ pub struct Heartbeat {
     /// The models in its GPUs' memory now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub loaded_models: Vec<LoadedModel>,
+    /// The vector shard it holds, for a shard worker: the collection's layout is known from
+    /// these, and a worker that disagrees with it is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vectors: Option<super::ShardAnnouncement>,
 }
 
 impl Heartbeat {
@@ -87,12 +91,16 @@ impl Default for Heartbeat {
             max_concurrency: 1,
             queue_depth: 0,
             loaded_models: Vec::new(),
+            vectors: None,
         }
     }
 }
 
 impl Heartbeat {
     pub fn validate(&self) -> Result<(), ValidationError> {
+        if let Some(vectors) = &self.vectors {
+            vectors.validate()?;
+        }
         if self.gpus.len() > MAX_GPUS {
             return Err(field("gpus", format!("at most {MAX_GPUS} GPUs")));
         }

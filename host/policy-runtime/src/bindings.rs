@@ -24,6 +24,19 @@ pub mod split {
     wasmtime::component::bindgen!({ world: "split-policy", path: "../../wit", additional_derives: [PartialEq] });
 }
 
+/// The `split-layout` export a split component may have beside `split`: looked up on its
+/// instance, so a component built before it still loads (and is called through `split`).
+/// The host's split requests and answers are this module's types.
+pub mod split_layout {
+    wasmtime::component::bindgen!({
+        world: "split-layout-policy",
+        path: "../../wit",
+        additional_derives: [PartialEq],
+        with: { "sluice:policy/types": super::split::sluice::policy::types },
+    });
+    pub use exports::sluice::policy::split_layout::{Layout, ShardFilter, SplitRequest, Subtask};
+}
+
 pub mod merge {
     wasmtime::component::bindgen!({ world: "merge-policy", path: "../../wit" });
 }

@@ -2,10 +2,10 @@
 //! at upload and every live decision, so a module that answers nonsense later (an index out
 //! of range, a delay past the bound) is treated as faulting, exactly like one that traps.
 
-use super::bindings::{aging, split};
+use super::bindings::{aging, split_layout};
 use aging::exports::sluice::policy::aging::Promotion;
 use policy_packed::{ADMISSION_WORDS, Admission, Bucket, Decision, Failure, HIT_WORDS, Hit, View};
-use split::exports::sluice::policy::split::{ShardFilter, Subtask};
+use split_layout::{ShardFilter, Subtask};
 
 /// The longest retry delay a policy may ask for.
 pub const MAX_RETRY_DELAY_MS: u64 = 24 * 3_600_000;

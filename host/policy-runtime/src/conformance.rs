@@ -127,7 +127,7 @@ impl Conformance for RetryInstance {
 
 impl Conformance for SplitInstance {
     fn conformance(&mut self) -> Result<(), String> {
-        use split::exports::sluice::policy::split::SplitRequest;
+        use super::bindings::split_layout::{Layout, SplitRequest};
         use split::sluice::policy::types::{Bucket, TaskMeta, TaskView};
         let request = SplitRequest {
             task: TaskMeta {
@@ -150,6 +150,12 @@ impl Conformance for SplitInstance {
             vector: (0..16).map(|i| i as f32 / 16.0).collect(),
             k: 10,
             nprobe: 4,
+            layout: Layout {
+                collection: "conformance".into(),
+                dim: 16,
+                shards: 4,
+                live: vec![0, 1, 2, 3],
+            },
         };
         let answer = self.split(&request).map_err(fault("split"))?;
         // A refusal is a valid answer here: a policy may not take 16-dimensional queries (an

@@ -3,8 +3,8 @@
 //! version of a kind faults, the host's own rule (`NativeDecider`) answers, so no task is ever
 //! refused or stranded for a policy's sake.
 
-use super::bindings::split::exports::sluice::policy::split::{self as wit_split, SplitRequest};
 use super::bindings::split::sluice::policy::types::{self as wit_types, TaskMeta};
+use super::bindings::split_layout::{self as wit_split, SplitRequest};
 use super::registry::PolicyRegistry;
 use policy_packed::{Bucket, Failure, Hit, View, name_code};
 use sluice_engine::{
@@ -269,6 +269,12 @@ pub fn split_request(now_ms: u64, input: &SplitInput) -> SplitRequest {
         vector: input.query.vector.clone(),
         k: input.query.k,
         nprobe: input.query.nprobe,
+        layout: wit_split::Layout {
+            collection: input.layout.collection.clone(),
+            dim: input.layout.dim,
+            shards: input.layout.shards,
+            live: input.layout.live.clone(),
+        },
     }
 }
 

@@ -2,7 +2,7 @@
 //! version's chain (falling back on a fault), and judges the answer before the host uses it.
 
 use super::bindings::aging::exports::sluice::policy::aging::Promotion;
-use super::bindings::split;
+use super::bindings::split_layout;
 use super::checks;
 use super::registry::PolicyRegistry;
 use super::runtime::PolicyError;
@@ -104,11 +104,8 @@ impl PolicyRegistry {
     pub fn split(
         &self,
         now_ms: u64,
-        request: &split::exports::sluice::policy::split::SplitRequest,
-    ) -> Result<
-        SlotAnswer<Result<Vec<split::exports::sluice::policy::split::Subtask>, String>>,
-        PolicyError,
-    > {
+        request: &split_layout::SplitRequest,
+    ) -> Result<SlotAnswer<Result<Vec<split_layout::Subtask>, String>>, PolicyError> {
         self.split
             .decide(now_ms, |p| p.split(request), checks::subtasks)
     }

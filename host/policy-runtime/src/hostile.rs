@@ -1,5 +1,6 @@
-//! Misbehaving components for the sandbox tests, built on demand from `policies/hostile` with
-//! one feature each (never embedded in the binary).
+//! Components for the host's tests only, built on demand (never embedded in the binary):
+//! misbehaving ones from `policies/hostile` with one feature each, and `policies/legacy-split`,
+//! a split component of 0.1.0's world alone.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -7,6 +8,15 @@ use std::sync::Mutex;
 
 /// Builds the `hostile` policy with `feature` and returns the component's bytes.
 pub fn component(feature: &str) -> Vec<u8> {
+    build("hostile", Some(feature))
+}
+
+/// Builds `policies/legacy-split`: a split component that exports 0.1.0's `split` alone.
+pub fn legacy_split() -> Vec<u8> {
+    build("legacy-split", None)
+}
+
+fn build(package: &str, feature: Option<&str>) -> Vec<u8> {
     // The build script's target directory already holds the guests' dependencies, so only the
     // hostile crate compiles. Builds share it, so they take turns, and each result is read
     // before the next build overwrites it.
@@ -22,9 +32,10 @@ pub fn component(feature: &str) -> Vec<u8> {
             "--target",
             "wasm32-wasip2",
             "-p",
-            "hostile",
+            package,
         ])
-        .args(["--features", feature, "--manifest-path"])
+        .args(feature.map(|f| ["--features", f]).into_iter().flatten())
+        .arg("--manifest-path")
         .arg(&manifest)
         .arg("--target-dir")
         .arg(&target_dir)
@@ -33,10 +44,7 @@ pub fn component(feature: &str) -> Vec<u8> {
         .env_remove("CARGO_TARGET_DIR")
         .status()
         .expect("run cargo to build a hostile policy");
-    assert!(
-        status.success(),
-        "building the hostile policy `{feature}` failed"
-    );
-    std::fs::read(target_dir.join("wasm32-wasip2/release/hostile.wasm"))
-        .expect("the hostile component")
+    assert!(status.success(), "building {package} {feature:?} failed");
+    let file = format!("wasm32-wasip2/release/{}.wasm", package.replace('-', "_"));
+    std::fs::read(target_dir.join(file)).expect("the test component")
 }

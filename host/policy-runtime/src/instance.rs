@@ -189,7 +189,8 @@ policy_instance!(
 
 use bindings::aging::exports::sluice::policy::aging::Promotion;
 use bindings::aging::sluice::policy::types::Bucket as WitBucket;
-use bindings::split::exports::sluice::policy::split::{SplitRequest, Subtask};
+use bindings::split::exports::sluice::policy::split as old_split;
+use bindings::split_layout::{ShardFilter, SplitRequest, Subtask};
 
 impl PriorityInstance {
     /// The tenants' weights, or `None` when the component does not export `fairness` (it was
@@ -275,14 +276,51 @@ impl RetryInstance {
 }
 
 impl SplitInstance {
-    /// The children, or the policy's reason for refusing the split.
+    /// The children, or the policy's reason for refusing the split: through `split-layout`
+    /// when the component exports it, else through 0.1.0's `split` (which is not told the
+    /// layout).
     pub fn split(
         &mut self,
         request: &SplitRequest,
     ) -> Result<Result<Vec<Subtask>, String>, PolicyError> {
-        self.call(0, |i, _, store| {
-            i.sluice_policy_split().call_split(store, request)
-        })
+        self.call(
+            0,
+            |i, raw, store| match bindings::split_layout::SplitLayoutPolicy::new(&mut *store, &raw)
+            {
+                Ok(with_layout) => with_layout
+                    .sluice_policy_split_layout()
+                    .call_split(store, request),
+                Err(_) => {
+                    let answer = i
+                        .sluice_policy_split()
+                        .call_split(store, &without_layout(request))?;
+                    Ok(answer.map(|children| children.into_iter().map(with_layout).collect()))
+                }
+            },
+        )
+    }
+}
+
+/// A request as 0.1.0's `split` takes it: the same without the layout.
+fn without_layout(request: &SplitRequest) -> old_split::SplitRequest {
+    old_split::SplitRequest {
+        task: request.task.clone(),
+        vector: request.vector.clone(),
+        k: request.k,
+        nprobe: request.nprobe,
+    }
+}
+
+/// A child 0.1.0's `split` answered, in `split-layout`'s types.
+fn with_layout(child: old_split::Subtask) -> Subtask {
+    Subtask {
+        filter: match child.filter {
+            old_split::ShardFilter::Shard(shard) => ShardFilter::Shard(shard),
+            old_split::ShardFilter::IdRange(range) => ShardFilter::IdRange(range),
+            old_split::ShardFilter::IdHash(hash) => ShardFilter::IdHash(hash),
+            old_split::ShardFilter::Centroids(lists) => ShardFilter::Centroids(lists),
+        },
+        weight: child.weight,
     }
 }
 

@@ -2,7 +2,7 @@
 //! delays and distances as fields, so that a researcher's script reads them, rather than as
 //! debug text cut at a byte count.
 
-use super::bindings::split::exports::sluice::policy::split::{ShardFilter, Subtask};
+use super::bindings::split_layout::{ShardFilter, Subtask};
 use policy_packed::{Admission, Bucket, Decision, Hit};
 use serde_json::{Value, json};
 

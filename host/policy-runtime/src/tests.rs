@@ -152,8 +152,8 @@ fn priority_aging_split_and_merge_defaults_answer_through_wasm() {
         [(1, bindings::aging::sluice::policy::types::Bucket::Normal)]
     );
 
-    use bindings::split::exports::sluice::policy::split::{ShardFilter, SplitRequest};
     use bindings::split::sluice::policy::types as stypes;
+    use bindings::split_layout::{Layout, ShardFilter, SplitRequest};
     let compiled = runtime.compile(Kind::Split, defaults::SPLIT_RANGE).unwrap();
     let mut split =
         SplitInstance::new(runtime.clone(), &compiled, b"id_min=0\nid_max=10\nparts=3").unwrap();
@@ -178,6 +178,12 @@ fn priority_aging_split_and_merge_defaults_answer_through_wasm() {
         vector: vec![0.5; 8],
         k: 10,
         nprobe: 4,
+        layout: Layout {
+            collection: "docs".into(),
+            dim: 8,
+            shards: 4,
+            live: vec![0, 1, 3],
+        },
     };
     let children = split.split(&request).unwrap().unwrap();
     let ranges: Vec<_> = children
@@ -188,6 +194,38 @@ fn priority_aging_split_and_merge_defaults_answer_through_wasm() {
         })
         .collect();
     assert_eq!(ranges, [(0, 4), (4, 7), (7, 10)]);
+
+    // The default split-shards is told the layout (through `split-layout`): one child per
+    // live shard, none for shard 2.
+    let compiled = runtime
+        .compile(Kind::Split, defaults::SPLIT_SHARDS)
+        .unwrap();
+    let mut split = SplitInstance::new(runtime.clone(), &compiled, b"").unwrap();
+    let children = split.split(&request).unwrap().unwrap();
+    let shards: Vec<_> = children
+        .iter()
+        .map(|c| match c.filter {
+            ShardFilter::Shard(shard) => shard,
+            _ => u32::MAX,
+        })
+        .collect();
+    assert_eq!(shards, [0, 1, 3]);
+
+    // A component of 0.1.0's `split` world alone (as every one built before `split-layout`)
+    // loads, passes conformance and decides through `split`, without the layout.
+    let compiled = runtime
+        .compile(Kind::Split, &super::hostile::legacy_split())
+        .unwrap();
+    let mut legacy = SplitInstance::new(runtime.clone(), &compiled, b"").unwrap();
+    crate::conformance::Conformance::conformance(&mut legacy).unwrap();
+    let children = legacy.split(&request).unwrap().unwrap();
+    assert_eq!(
+        children
+            .iter()
+            .map(|c| c.filter.clone())
+            .collect::<Vec<_>>(),
+        [ShardFilter::Shard(0), ShardFilter::Shard(1)]
+    );
 
     let compiled = runtime.compile(Kind::Merge, defaults::MERGE_TOPK).unwrap();
     let mut merge = MergeInstance::new(runtime, &compiled, b"").unwrap();

@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod collections;
 pub mod concurrency_limits;
 pub mod config;
 pub mod experiment;

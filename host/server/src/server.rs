@@ -199,6 +199,9 @@ impl Server {
             stores.policies.clone(),
             &config.concurrency_limits,
         )?);
+        let collections = Arc::new(crate::collections::CollectionTable::open(
+            stores.policies.clone(),
+        )?);
         let policies = Arc::new(PolicyRegistry::open(
             runtime,
             stores.policies,
@@ -230,6 +233,7 @@ impl Server {
                     aging_interval_ms: config.aging_interval_ms,
                     split_kinds: config.split_kinds.clone(),
                     concurrency_limits: concurrency.in_force(),
+                    collections: collections.all(),
                     preempt_after_ms: config.preemption.then_some(config.preempt_after_ms),
                     affinity_wait_ms: config.affinity_wait_ms,
                     ..EngineOptions::default()
@@ -252,7 +256,10 @@ impl Server {
                 metrics,
                 gate,
                 signing_keys,
-                concurrency,
+                crate::api::CatalogTables {
+                    concurrency,
+                    collections,
+                },
             ),
             drain_timeout: Duration::from_millis(config.drain_timeout_ms),
             tls,

@@ -8,7 +8,8 @@
 use super::{PgStore, corrupt, int8, uint8};
 use crate::backend;
 use sluice_model::{
-    AuditEvent, ConcurrencyLimit, Experiment, PolicyEvent, PolicyKind, PolicyVersion, TokenRecord,
+    AuditEvent, Collection, ConcurrencyLimit, Experiment, PolicyEvent, PolicyKind, PolicyVersion,
+    TokenRecord,
 };
 use sluice_store::{AccessCatalog, MAX_AUDIT_EVENTS, PolicyCatalog, StoreError};
 
@@ -365,6 +366,46 @@ impl PolicyCatalog for PgStore {
             )
             .bind(keys)
             .bind(values)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+            tx.commit().await.map_err(backend)?;
+            Ok(())
+        })
+    }
+
+    fn collections(&self) -> Result<Vec<Collection>, StoreError> {
+        let pool = self.pool();
+        let rows: Vec<(String,)> = self.block(async move {
+            sqlx::query_as("SELECT record::text FROM sluice_collections ORDER BY name")
+                .fetch_all(&pool)
+                .await
+                .map_err(backend)
+        })?;
+        rows.into_iter()
+            .map(|(record,)| parse(record.as_bytes(), "collection"))
+            .collect()
+    }
+
+    fn put_collections(&self, collections: &[Collection]) -> Result<(), StoreError> {
+        let names: Vec<String> = collections.iter().map(|c| c.name.clone()).collect();
+        let records = collections
+            .iter()
+            .map(|c| serde_json::to_string(c).map_err(|e| corrupt("collection", e)))
+            .collect::<Result<Vec<String>, StoreError>>()?;
+        let pool = self.pool();
+        self.block(async move {
+            let mut tx = pool.begin().await.map_err(backend)?;
+            sqlx::query("DELETE FROM sluice_collections")
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+            sqlx::query(
+                "INSERT INTO sluice_collections (name, record) \
+                 SELECT name, record::jsonb FROM UNNEST($1::text[], $2::text[]) AS t(name, record)",
+            )
+            .bind(names)
+            .bind(records)
             .execute(&mut *tx)
             .await
             .map_err(backend)?;

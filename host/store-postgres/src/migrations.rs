@@ -14,7 +14,7 @@ use std::pin::Pin;
 
 /// Every migration, oldest first: version, file name and text. A test holds this list to the
 /// `migrations/` folder, so a file added there and not here fails it.
-pub(crate) const FILES: [(i64, &str, &str); 9] = [
+pub(crate) const FILES: [(i64, &str, &str); 11] = [
     (
         1,
         "0001_store.sql",
@@ -59,6 +59,16 @@ pub(crate) const FILES: [(i64, &str, &str); 9] = [
         9,
         "0009_record_format_2.sql",
         include_str!("../migrations/0009_record_format_2.sql"),
+    ),
+    (
+        10,
+        "0010_record_format_3.sql",
+        include_str!("../migrations/0010_record_format_3.sql"),
+    ),
+    (
+        11,
+        "0011_collections.sql",
+        include_str!("../migrations/0011_collections.sql"),
     ),
 ];
 

@@ -41,8 +41,8 @@ fn key_record(task: &[u8], fingerprint: &[u8]) -> Result<KeyRecord, StoreError> 
     })
 }
 
-/// A row's record: format 2 (postcard) as this release writes it, or the JSON of format 1 in a
-/// row an older release wrote and no change has rewritten since (`sluice_store::record`).
+/// A row's record: format 3 as this release writes it, or format 2 or the JSON of format 1 in
+/// a row an older release wrote and no change has rewritten since (`sluice_store::record`).
 fn decode_task(bytes: &[u8]) -> Result<Task, StoreError> {
     sluice_store::record::decode(bytes)
 }

@@ -4,7 +4,8 @@
 //! A directory without the key is either new (no task) or was made before format 2 (tasks in
 //! JSON, format 1). Opening such a directory rewrites each JSON record as format 2 in batches,
 //! then writes the key: a crash in between leaves every record readable in one format or the
-//! other, and the next open finishes the job. A directory of a newer format than this release
+//! other, and the next open finishes the job. Records of format 2 are read as they are (format
+//! 3 only appends to them), so a directory of format 2 changes only its key. A directory of a newer format than this release
 //! knows is refused, since its records may mean something this release cannot tell.
 
 use super::keys;
@@ -73,7 +74,7 @@ fn migrate(tree: &sled::Tree) -> Result<Migrated, StoreError> {
     for item in tree.scan_prefix([keys::TASK]) {
         let (key, bytes) = item.map_err(sled_error)?;
         let parts = value::split(&bytes)?;
-        if record::format_of(parts.task) == Some(FORMAT_VERSION) {
+        if record::format_of(parts.task) != Some(record::LEGACY_JSON_FORMAT) {
             continue;
         }
         let task = record::decode(parts.task)?;

@@ -9,7 +9,9 @@
 use super::SledStore;
 use super::util::corrupt;
 use crate::sled_error;
-use sluice_model::{ConcurrencyLimit, Experiment, PolicyEvent, PolicyKind, PolicyVersion};
+use sluice_model::{
+    Collection, ConcurrencyLimit, Experiment, PolicyEvent, PolicyKind, PolicyVersion,
+};
 use sluice_store::{PolicyCatalog, StoreError};
 
 fn module_key(sha256: &str) -> Vec<u8> {
@@ -41,6 +43,7 @@ fn experiment_key(id: u32) -> Vec<u8> {
 }
 
 const LIMITS_KEY: &[u8] = b"l";
+const COLLECTIONS_KEY: &[u8] = b"v";
 
 fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(value).map_err(|e| corrupt("policy record", e))
@@ -235,6 +238,21 @@ impl PolicyCatalog for SledStore {
         self.shared.space.check(0)?;
         self.policies
             .insert(LIMITS_KEY, json(&limits)?)
+            .map_err(sled_error)?;
+        self.sync_sled()
+    }
+
+    fn collections(&self) -> Result<Vec<Collection>, StoreError> {
+        match self.policies.get(COLLECTIONS_KEY).map_err(sled_error)? {
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| corrupt("collections", e)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn put_collections(&self, collections: &[Collection]) -> Result<(), StoreError> {
+        self.shared.space.check(0)?;
+        self.policies
+            .insert(COLLECTIONS_KEY, json(&collections)?)
             .map_err(sled_error)?;
         self.sync_sled()
     }

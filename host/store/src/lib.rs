@@ -13,8 +13,8 @@ pub use memory::MemoryCatalog;
 use std::collections::HashMap;
 
 use sluice_model::{
-    AuditEvent, Change, ConcurrencyLimit, Event, Experiment, KeyRecord, PolicyEvent, PolicyKind,
-    PolicyVersion, Recovery, State, Task, TaskId, TokenRecord, WorkerEvent,
+    AuditEvent, Change, Collection, ConcurrencyLimit, Event, Experiment, KeyRecord, PolicyEvent,
+    PolicyKind, PolicyVersion, Recovery, State, Task, TaskId, TokenRecord, WorkerEvent,
 };
 
 /// The free space a store keeps on its disk by default, refusing writes below it: several times
@@ -240,6 +240,10 @@ pub trait PolicyCatalog: Send + Sync + 'static {
     fn concurrency_limits(&self) -> Result<Vec<ConcurrencyLimit>, StoreError>;
     /// Replaces the stored concurrency limits, as one durable write.
     fn put_concurrency_limits(&self, limits: &[ConcurrencyLimit]) -> Result<(), StoreError>;
+    /// The vector collections declared through the API, by name.
+    fn collections(&self) -> Result<Vec<Collection>, StoreError>;
+    /// Replaces the declared collections, as one durable write.
+    fn put_collections(&self, collections: &[Collection]) -> Result<(), StoreError>;
     /// Stores (or replaces) an experiment's record and logs why, as one write. The event's
     /// `seq` is assigned here.
     fn put_experiment(

@@ -3,7 +3,9 @@
 //! "durable when it returns" holds for the run that holds it and no longer.
 
 use crate::{PolicyCatalog, StoreError};
-use sluice_model::{ConcurrencyLimit, Experiment, PolicyEvent, PolicyKind, PolicyVersion};
+use sluice_model::{
+    Collection, ConcurrencyLimit, Experiment, PolicyEvent, PolicyKind, PolicyVersion,
+};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
@@ -18,6 +20,7 @@ struct Catalog {
     compiled: BTreeMap<String, Vec<u8>>,
     experiments: BTreeMap<u32, Experiment>,
     limits: Vec<ConcurrencyLimit>,
+    collections: Vec<Collection>,
 }
 
 impl Catalog {
@@ -160,6 +163,15 @@ impl PolicyCatalog for MemoryCatalog {
 
     fn put_concurrency_limits(&self, limits: &[ConcurrencyLimit]) -> Result<(), StoreError> {
         self.catalog()?.limits = limits.to_vec();
+        Ok(())
+    }
+
+    fn collections(&self) -> Result<Vec<Collection>, StoreError> {
+        Ok(self.catalog()?.collections.clone())
+    }
+
+    fn put_collections(&self, collections: &[Collection]) -> Result<(), StoreError> {
+        self.catalog()?.collections = collections.to_vec();
         Ok(())
     }
 

@@ -147,6 +147,20 @@ pub struct FamilyView {
     /// When it merges whatever has answered, if its children have not all ended by then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merge_at_ms: Option<u64>,
+    /// The collection searched, as its layout stood at the split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<SearchScopeView>,
+}
+
+/// What a split search was over: its coverage is measured against this.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = SearchScope))]
+pub struct SearchScopeView {
+    pub collection: String,
+    pub metric: sluice_model::Metric,
+    /// The collection's shards at the split.
+    pub shards: u32,
 }
 
 /// One child of a split parent.
@@ -158,6 +172,9 @@ pub struct FamilyPartView {
     pub weight: f32,
     /// What it covers, for messages ("shard 3").
     pub covers: String,
+    /// The stored shard it searches, for a shard filter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
 }
 
 /// One attempt's hold on a task: only reports carrying `token` count, and only until
@@ -268,6 +285,7 @@ impl From<FamilyPart> for FamilyPartView {
             task: p.task,
             weight: p.weight,
             covers: p.covers,
+            shard: p.shard,
         }
     }
 }
@@ -278,6 +296,7 @@ impl From<FamilyPartView> for FamilyPart {
             task: p.task,
             weight: p.weight,
             covers: p.covers,
+            shard: p.shard,
         }
     }
 }
@@ -290,6 +309,11 @@ impl From<Family> for FamilyView {
             k: f.k,
             allow_partial: f.allow_partial,
             merge_at_ms: f.merge_at_ms,
+            scope: f.scope.map(|s| SearchScopeView {
+                collection: s.collection,
+                metric: s.metric,
+                shards: s.shards,
+            }),
         }
     }
 }
@@ -302,6 +326,11 @@ impl From<FamilyView> for Family {
             k: f.k,
             allow_partial: f.allow_partial,
             merge_at_ms: f.merge_at_ms,
+            scope: f.scope.map(|s| sluice_model::SearchScope {
+                collection: s.collection,
+                metric: s.metric,
+                shards: s.shards,
+            }),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! `-one` calls alike), and the macros that export a type implementing the trait.
 
 use crate::Instance;
-use crate::split::{SplitRequest, Subtask};
+use crate::split::{ShardFilter, SplitRequest, Subtask, without_layout as old};
 use alloc::string::String;
 use alloc::vec::Vec;
 use policy_config::Config;
@@ -160,6 +160,40 @@ pub mod glue {
             .unwrap_or_else(|| Err("the policy was not initialised".into()))
     }
 
+    /// The 0.1.0 `split` export: the same policy, told the layout is unknown (no collection,
+    /// 0 shards, none live), its children in the older types.
+    pub fn split_without_layout<P: Split>(
+        instance: &Instance<P>,
+        request: old::SplitRequest,
+    ) -> Result<Vec<old::Subtask>, String> {
+        let dim = request.vector.len() as u32;
+        let request = SplitRequest {
+            task: request.task,
+            vector: request.vector,
+            k: request.k,
+            nprobe: request.nprobe,
+            layout: crate::split::Layout {
+                collection: String::new(),
+                dim,
+                shards: 0,
+                live: Vec::new(),
+            },
+        };
+        let children = split(instance, &request)?;
+        Ok(children
+            .into_iter()
+            .map(|child| old::Subtask {
+                filter: match child.filter {
+                    ShardFilter::Shard(shard) => old::ShardFilter::Shard(shard),
+                    ShardFilter::IdRange(range) => old::ShardFilter::IdRange(range),
+                    ShardFilter::IdHash(hash) => old::ShardFilter::IdHash(hash),
+                    ShardFilter::Centroids(lists) => old::ShardFilter::Centroids(lists),
+                },
+                weight: child.weight,
+            })
+            .collect())
+    }
+
     pub fn merge<P: Merge>(
         instance: &Instance<P>,
         k: u32,
@@ -287,13 +321,19 @@ macro_rules! split_policy {
         mod __sluice_policy_export {
             use super::*;
             use $crate::__private::{String, Vec, glue};
-            use $crate::bindings::split::exports::sluice::policy::split::Guest;
+            use $crate::bindings::split::exports::sluice::policy::{split, split_layout};
+            use $crate::split::without_layout as old;
             static INSTANCE: $crate::Instance<$policy> = $crate::Instance::new();
             pub struct Component;
-            impl Guest for Component {
+            impl split::Guest for Component {
                 fn init(config: Vec<u8>) -> Result<(), String> {
                     glue::init(&INSTANCE, &config, &$names, <$policy as $crate::Split>::init)
                 }
+                fn split(request: old::SplitRequest) -> Result<Vec<old::Subtask>, String> {
+                    glue::split_without_layout(&INSTANCE, request)
+                }
+            }
+            impl split_layout::Guest for Component {
                 fn split(request: $crate::split::SplitRequest) -> Result<Vec<$crate::split::Subtask>, String> {
                     glue::split(&INSTANCE, &request)
                 }

@@ -74,10 +74,11 @@ pub mod bindings {
         });
     }
     pub mod split {
-        // The split world that may read its version's data; a component that never calls
-        // `data::get` does not import it (unused imports are dropped when it is made).
+        // The split world given the collection's layout that may read its version's data; a
+        // component that never calls `data::get` does not import it (unused imports are
+        // dropped when it is made).
         wit_bindgen::generate!({
-            world: "split-data-policy",
+            world: "split-layout-data-policy",
             path: "wit",
             pub_export_macro: true,
             export_macro_name: "__export_split_world",
@@ -114,12 +115,21 @@ pub mod data {
     }
 }
 
-/// What a split policy reads and answers (the WIT types of `split-policy`).
+/// What a split policy reads and answers (the WIT types of `split-layout`: the request
+/// carries the collection's layout).
 pub mod split {
-    pub use crate::bindings::split::exports::sluice::policy::split::{
-        ShardFilter, SplitRequest, Subtask,
+    pub use crate::bindings::split::exports::sluice::policy::split_layout::{
+        Layout, ShardFilter, SplitRequest, Subtask,
     };
     pub use crate::bindings::split::sluice::policy::types::{TaskMeta, TaskView};
+
+    /// The request and answer of the 0.1.0 `split` export, which a host without `split-layout`
+    /// calls: the SDK answers it with the same policy and an unknown layout.
+    pub mod without_layout {
+        pub use crate::bindings::split::exports::sluice::policy::split::{
+            ShardFilter, SplitRequest, Subtask,
+        };
+    }
 }
 
 /// What the macros' expansions name; not part of the SDK's API.

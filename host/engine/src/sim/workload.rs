@@ -7,7 +7,10 @@ use super::Driver;
 use crate::{EngineOptions, NativeDecider, Report};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use sluice_model::{FailureClass, Gpu, Heartbeat, Limits, Priority, State, TaskId, TaskSpec};
+use sluice_model::{
+    DEFAULT_COLLECTION, FailureClass, Gpu, Heartbeat, Limits, Priority, ShardAnnouncement,
+    ShardFilter, State, TaskId, TaskSpec,
+};
 use std::collections::BTreeMap;
 
 /// One simulated worker.
@@ -157,7 +160,7 @@ pub fn run(workload: &Workload) -> WorkloadRun {
                 continue;
             }
             if heartbeat_due {
-                let _ = driver.heartbeat(&worker.id, heartbeat(worker));
+                let _ = driver.heartbeat(&worker.id, heartbeat(worker, workload.shards.max(1)));
             }
             let now_ms = driver.now_ms();
             let (done, still): (Vec<Running>, Vec<Running>) =
@@ -216,10 +219,17 @@ pub fn run(workload: &Workload) -> WorkloadRun {
     }
 }
 
-fn heartbeat(worker: &SimWorker) -> Heartbeat {
+/// A worker's heartbeat; a shard worker's announces shard `shard` of `shards` of the default
+/// collection (3 dimensions, as the searches).
+fn heartbeat(worker: &SimWorker, shards: u32) -> Heartbeat {
     let mut labels = BTreeMap::new();
     if let Some(shard) = worker.shard {
-        labels.insert(crate::SHARD_LABEL.to_owned(), shard.to_string());
+        let routing = ShardFilter::Shard(shard).routing(shards);
+        labels.insert(crate::SHARD_LABEL.to_owned(), routing);
+        labels.insert(
+            crate::COLLECTION_LABEL.to_owned(),
+            DEFAULT_COLLECTION.to_owned(),
+        );
     }
     Heartbeat {
         gpus: (0..worker.slots)
@@ -238,6 +248,13 @@ fn heartbeat(worker: &SimWorker) -> Heartbeat {
         max_concurrency: worker.slots,
         queue_depth: 0,
         loaded_models: Vec::new(),
+        vectors: worker.shard.map(|shard| ShardAnnouncement {
+            collection: DEFAULT_COLLECTION.to_owned(),
+            shard,
+            shards,
+            dim: 3,
+            vectors: 0,
+        }),
     }
 }
 

@@ -9,10 +9,7 @@
 mod dispatch;
 mod split;
 
-use super::{
-    CallbackOutcome, Decide, Engine, KeyVerdict, NoClaim, Report, TooManyWorkers, WorkerView,
-    judge_key,
-};
+use super::{CallbackOutcome, Decide, Engine, KeyVerdict, NoClaim, Report, WorkerView, judge_key};
 use rand::{Rng, RngCore};
 use sluice_model::{
     Actor, Admission, Change, Heartbeat, IllegalTransition, KeyRecord, State, Submission, Task,
@@ -80,6 +77,11 @@ pub enum Input {
     /// The concurrency limits in force from now on (the whole set). Changes only memory: the
     /// set is kept in the catalog by whoever changed it.
     SetConcurrencyLimits(Vec<sluice_model::ConcurrencyLimit>),
+    /// The declared vector collections from now on (the whole set). Changes only memory, like
+    /// the concurrency limits.
+    SetCollections(Vec<sluice_model::Collection>),
+    /// The collections known (declared or announced) and their live shards; changes nothing.
+    Collections,
     /// The server drains: claims are refused from now on, so no attempt is preempted either
     /// (it would stop work for an urgent task that cannot start). Changes only memory.
     Drain,
@@ -147,7 +149,7 @@ pub enum StepError {
     #[error("no worker {0}: it has never sent a heartbeat, or was forgotten")]
     UnknownWorker(String),
     #[error(transparent)]
-    TooManyWorkers(#[from] TooManyWorkers),
+    HeartbeatRefused(#[from] crate::HeartbeatRefused),
     #[error("the split policy refused the task: {0}")]
     SplitRefused(String),
     #[error(transparent)]
@@ -192,6 +194,7 @@ pub enum Reply {
     Reports(Vec<Result<Task, StepError>>),
     Claimed(Result<Claimed, StepError>),
     Workers(Result<Vec<WorkerView>, StepError>),
+    Collections(Vec<crate::CollectionView>),
     /// Inputs nobody waits on for a value (ticks, callback outcomes, admissions).
     Done,
 }
@@ -322,6 +325,11 @@ impl Stepper<'_> {
                 self.engine.set_concurrency_limits(&limits);
                 Reply::Done
             }
+            Input::SetCollections(collections) => {
+                self.engine.set_collections(collections);
+                Reply::Done
+            }
+            Input::Collections => Reply::Collections(self.engine.collections(now_ms)),
             Input::Drain => {
                 self.engine.drain();
                 Reply::Done

@@ -8,8 +8,9 @@ use super::{StepError, Stepper};
 use crate::{ChildPlan, Decided, SplitInput, ready_to_merge};
 use rand::Rng;
 use sluice_model::{
-    Actor, Admission, Hit, MergedAnswer, ShardAnswer, ShardQuery, State, Submission, Task,
-    TaskError, TaskId, VectorQuery,
+    Actor, Admission, Family, Hit, Layout, MergedAnswer, Metric, SearchScope, ShardAnswer,
+    ShardFilter, ShardQuery, State, Submission, Task, TaskError, TaskId, ValidationError,
+    VectorQuery,
 };
 
 /// The most bytes the children of one split may carry in payloads together: each holds the
@@ -27,16 +28,30 @@ impl Stepper<'_> {
             .map_err(|e| StepError::Internal(format!("a stored payload is not JSON: {e}")))?;
         let query = VectorQuery::parse(&payload).map_err(StepError::InvalidTask)?;
         let now_ms = self.now_ms;
+        let layout = self
+            .engine
+            .layout(now_ms, query.collection())
+            .ok_or_else(|| {
+                StepError::SplitRefused(format!(
+                    "collection `{0}` is unknown: no shard worker announces it (sluice worker \
+                 --vectors FILE --collection {0} --shard I/N) and none was declared (PUT \
+                 /v1/collections/{0})",
+                    query.collection()
+                ))
+            })?;
+        let metric = check_query(&query, &layout).map_err(StepError::InvalidTask)?;
         let input = SplitInput {
             spec: &submission.spec,
             seq: self.engine.next_event_seq(),
             query: &query,
+            layout: &layout,
         };
         let Decided { answer, version } = self
             .decide
             .split(now_ms, &input)
             .map_err(StepError::PolicyUnavailable)?;
         let children = answer.map_err(StepError::SplitRefused)?;
+        check_children(&children, &layout).map_err(StepError::SplitRefused)?;
         let plans = children
             .into_iter()
             .zip(0u32..)
@@ -44,7 +59,7 @@ impl Stepper<'_> {
                 let payload = ShardQuery {
                     vector: query.vector.clone(),
                     k: query.k,
-                    metric: query.metric,
+                    metric,
                     filter: filter.clone(),
                     child,
                 };
@@ -69,9 +84,14 @@ impl Stepper<'_> {
             .plan_create(now_ms, self.random.random(), submission, admission);
         let parent = self.plan(created);
         let randoms: Vec<u128> = plans.iter().map(|_| self.random.random()).collect();
+        let scope = SearchScope {
+            collection: layout.collection,
+            metric,
+            shards: layout.shards,
+        };
         let split = self
             .engine
-            .plan_split(now_ms, &randoms, &parent, &plans, &query, version)
+            .plan_split(now_ms, &randoms, &parent, &plans, &query, scope, version)
             .map_err(|source| StepError::Illegal {
                 task_id: parent.id,
                 state: parent.state,
@@ -132,7 +152,7 @@ impl Stepper<'_> {
         let now_ms = self.now_ms;
         let mut weights = Vec::with_capacity(family.parts.len());
         let mut packed = Vec::new();
-        let mut missing = Vec::new();
+        let mut missing_children = Vec::new();
         for (index, part) in (0u32..).zip(&family.parts) {
             weights.push(part.weight);
             let child = self.task(part.task)?;
@@ -146,16 +166,14 @@ impl Stepper<'_> {
                         .write_part(index, &mut packed);
                     }
                 }
-                Err(why) => missing.push(format!("{} ({why})", part.covers)),
+                Err(why) => missing_children.push((index as usize, why)),
             }
         }
         let children = family.parts.len() as u32;
-        let answered = children - missing.len() as u32;
-        let coverage = if children == 0 {
-            0.0
-        } else {
-            f64::from(answered) / f64::from(children)
-        };
+        let answered = children - missing_children.len() as u32;
+        let covered = Coverage::of(&family, &missing_children);
+        let missing = covered.missing;
+        let coverage = covered.share;
         let (outcome, detail) = if answered == 0 {
             let error = TaskError {
                 class: "no-shard-answered".into(),
@@ -166,8 +184,8 @@ impl Stepper<'_> {
             let error = TaskError {
                 class: "partial".into(),
                 message: format!(
-                    "{} of {children} shards missing and partial results are not allowed: {}",
-                    missing.len(),
+                    "{} missing and partial results are not allowed: {}",
+                    covered.missing_count,
                     missing.join("; ")
                 ),
             };
@@ -188,13 +206,17 @@ impl Stepper<'_> {
                                 distance: h.distance,
                             })
                             .collect(),
+                        collection: family.scope.as_ref().map(|s| s.collection.clone()),
+                        metric: family.scope.as_ref().map(|s| s.metric),
                         coverage,
                         partial: !missing.is_empty(),
                         children,
                         missing,
                         merge_policy_version: decided.version,
                     }),
-                    format!("{by}; coverage {answered}/{children}"),
+                    format!(
+                        "{by}; {answered} of {children} children answered, coverage {coverage:.3}"
+                    ),
                 ),
                 Err(refusal) => (
                     Err(TaskError {
@@ -259,5 +281,124 @@ fn answered_hits(child: &Task) -> Result<Vec<Hit>, String> {
             Some(error) => Err(format!("{state}: {}", error.message)),
             None => Err(state.to_string()),
         },
+    }
+}
+
+/// The metric a query is searched by: its own, or its collection's. A query of another
+/// dimension than its collection's, or naming another metric than a declared collection's,
+/// is refused.
+fn check_query(query: &VectorQuery, layout: &Layout) -> Result<Metric, ValidationError> {
+    if query.vector.len() != layout.dim as usize {
+        return Err(ValidationError::Field {
+            field: "payload.vector",
+            reason: format!(
+                "has {} numbers; collection `{}` has {} dimensions",
+                query.vector.len(),
+                layout.collection,
+                layout.dim
+            ),
+        });
+    }
+    match query.metric {
+        Some(metric) if layout.declared && metric != layout.metric => Err(ValidationError::Field {
+            field: "payload.metric",
+            reason: format!(
+                "collection `{}` is searched by {}, not {}",
+                layout.collection,
+                layout.metric.as_str(),
+                metric.as_str()
+            ),
+        }),
+        Some(metric) => Ok(metric),
+        None => Ok(layout.metric),
+    }
+}
+
+/// Refuses a split that names no child, or a shard the collection does not have.
+fn check_children(children: &[(ShardFilter, f32)], layout: &Layout) -> Result<(), String> {
+    if children.is_empty() {
+        return Err("the split policy chose no children".into());
+    }
+    for (filter, _) in children {
+        if let ShardFilter::Shard(shard) = filter
+            && *shard >= layout.shards
+        {
+            return Err(format!(
+                "the split policy asked for shard {shard}; collection `{}` has {} (0 to {})",
+                layout.collection,
+                layout.shards,
+                layout.shards - 1
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// How much of the data a merge's answer covers, and what it leaves out.
+struct Coverage {
+    /// 0 to 1.
+    share: f64,
+    /// Each thing not searched, with why ("shard 3 (dead: ...)").
+    missing: Vec<String>,
+    /// "1 of 4 shards", "2 of 8 children": for messages.
+    missing_count: String,
+}
+
+impl Coverage {
+    /// Measured against the collection's shards when the children searched stored shards:
+    /// a shard counts once any child that searched it answered, and a shard no child asked
+    /// for is missing. Otherwise (id ranges, hashes, IVF lists, or a family split before
+    /// collections) against the children, which the split made to partition the data.
+    /// `missing_children`: (part index, why it has no answer).
+    fn of(family: &Family, missing_children: &[(usize, String)]) -> Coverage {
+        let why_missing = |index: usize| {
+            missing_children
+                .iter()
+                .find(|(i, _)| *i == index)
+                .map(|(_, why)| why.as_str())
+        };
+        let by_shard = family.parts.iter().any(|p| p.shard.is_some());
+        let shards = family.scope.as_ref().map_or(0, |s| s.shards);
+        if !by_shard || shards == 0 {
+            let children = family.parts.len();
+            let missing: Vec<String> = missing_children
+                .iter()
+                .map(|(i, why)| format!("{} ({why})", family.parts[*i].covers))
+                .collect();
+            let share = if children == 0 {
+                0.0
+            } else {
+                (children - missing.len()) as f64 / children as f64
+            };
+            return Coverage {
+                share,
+                missing_count: format!("{} of {children} children", missing.len()),
+                missing,
+            };
+        }
+        let mut missing = Vec::new();
+        let mut answered = 0u32;
+        for shard in 0..shards {
+            let asked: Vec<usize> = (0..family.parts.len())
+                .filter(|&i| family.parts[i].shard == Some(shard))
+                .collect();
+            if asked.iter().any(|&i| why_missing(i).is_none()) {
+                answered += 1;
+                continue;
+            }
+            let why = match asked.first() {
+                Some(&i) => why_missing(i).unwrap_or("no answer").to_owned(),
+                None => "not searched: it had no live worker when the search was split, or \
+                         the split policy left it out"
+                    .to_owned(),
+            };
+            missing.push(format!("shard {shard} ({why})"));
+        }
+        debug_assert!(answered <= shards, "a shard is counted once");
+        Coverage {
+            share: f64::from(answered) / f64::from(shards),
+            missing_count: format!("{} of {shards} shards", missing.len()),
+            missing,
+        }
     }
 }

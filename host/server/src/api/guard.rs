@@ -20,6 +20,7 @@ const TASK_READERS: &[Role] = &[Role::Admin, Role::Viewer, Role::Device];
 const SUBMITTERS: &[Role] = &[Role::Admin, Role::Device];
 const WORKERS: &[Role] = &[Role::Admin, Role::Worker];
 const ADMINS: &[Role] = &[Role::Admin];
+const COLLECTION_READERS: &[Role] = &[Role::Admin, Role::Viewer, Role::Worker, Role::Device];
 
 /// What a route asks of its callers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +48,8 @@ pub fn need(method: &Method, route: Option<&str>) -> Need {
         "/v1/experiments" | "/v1/experiments/{id}" if get => READERS,
         // Setting and removing limits is an administrator's.
         "/v1/concurrency-limits" if get => READERS,
+        // Declaring a collection is an administrator's; its shard workers read its layout.
+        "/v1/collections" | "/v1/collections/{name}" if get => COLLECTION_READERS,
         "/v1/tasks" if get => TASK_READERS,
         "/v1/tasks" | "/v1/tasks:batch" | "/v1/tasks/{id}/cancel" => SUBMITTERS,
         "/v1/tasks/{id}" | "/v1/tasks/{id}/events" => TASK_READERS,

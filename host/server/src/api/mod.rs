@@ -2,6 +2,7 @@
 //! rates) and by the server-wide bounds (requests in flight, request time).
 
 mod batch;
+mod collections;
 mod concurrency;
 mod events;
 mod experiments;
@@ -119,6 +120,14 @@ pub struct AppState {
     pub signing_keys: Arc<SigningKeys>,
     /// The concurrency limits in force, and those set through the API.
     pub concurrency: Arc<crate::concurrency_limits::LimitTable>,
+    /// The vector collections declared through the API.
+    pub collections: Arc<crate::collections::CollectionTable>,
+}
+
+/// What the API changes in the catalog beside policies and tokens, each with its copy in force.
+pub struct CatalogTables {
+    pub concurrency: Arc<crate::concurrency_limits::LimitTable>,
+    pub collections: Arc<crate::collections::CollectionTable>,
 }
 
 impl AppState {
@@ -129,7 +138,7 @@ impl AppState {
         metrics: Arc<Metrics>,
         gate: Arc<Gate>,
         signing_keys: SigningKeys,
-        concurrency: Arc<crate::concurrency_limits::LimitTable>,
+        tables: CatalogTables,
     ) -> Self {
         // Semaphore permits are u32 and capped by tokio; the budget is clamped to fit.
         let permits = limits
@@ -147,7 +156,8 @@ impl AppState {
             event_streams: Arc::new(Semaphore::new(events::MAX_STREAMS)),
             gate,
             signing_keys: Arc::new(signing_keys),
-            concurrency,
+            concurrency: tables.concurrency,
+            collections: tables.collections,
         }
     }
 
@@ -301,6 +311,12 @@ fn documented_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(experiments::promote))
         .routes(routes!(concurrency::list))
         .routes(routes!(concurrency::set, concurrency::remove))
+        .routes(routes!(collections::list))
+        .routes(routes!(
+            collections::detail,
+            collections::declare,
+            collections::remove
+        ))
 }
 
 #[derive(serde::Serialize, utoipa::ToSchema)]

@@ -77,6 +77,10 @@ pub enum ApiError {
     #[error("the split policy refused the task: {0}")]
     SplitRefused(String),
     #[error("{0}")]
+    CollectionMismatch(String),
+    #[error("no collection `{0}` was declared through the API")]
+    CollectionNotFound(String),
+    #[error("{0}")]
     PolicyUnavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
@@ -248,6 +252,16 @@ impl ApiError {
                 "split-refused",
                 "Split refused",
             ),
+            CollectionMismatch(_) => (
+                StatusCode::CONFLICT,
+                "collection-mismatch",
+                "Collection mismatch",
+            ),
+            CollectionNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "collection-not-found",
+                "Collection not found",
+            ),
             PolicyUnavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "policy-unavailable",
@@ -411,7 +425,12 @@ impl From<StepError> for ApiError {
                 detail: revoked.to_string(),
             },
             StepError::UnknownWorker(worker) => ApiError::WorkerNotFound(worker),
-            StepError::TooManyWorkers(_) => ApiError::Overloaded,
+            StepError::HeartbeatRefused(sluice_engine::HeartbeatRefused::TooManyWorkers {
+                ..
+            }) => ApiError::Overloaded,
+            StepError::HeartbeatRefused(sluice_engine::HeartbeatRefused::CollectionMismatch(
+                why,
+            )) => ApiError::CollectionMismatch(why),
             StepError::SplitRefused(reason) => ApiError::SplitRefused(reason),
             StepError::InvalidTask(error) => ApiError::InvalidTask(error),
             StepError::Internal(detail) => ApiError::Internal(detail),

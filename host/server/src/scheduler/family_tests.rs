@@ -74,7 +74,19 @@ fn start(dir: &std::path::Path, clock: &TestClock) -> Scheduler {
             native: NativeDecider::default(),
             shards: 2,
         }),
-        &SchedulerOptions::default(),
+        &SchedulerOptions {
+            engine: sluice_engine::EngineOptions {
+                // Declared, so a query splits before any shard worker has announced it.
+                collections: vec![sluice_model::Collection {
+                    name: "default".into(),
+                    dim: 2,
+                    metric: sluice_model::Metric::L2,
+                    shards: 2,
+                }],
+                ..sluice_engine::EngineOptions::default()
+            },
+            ..SchedulerOptions::default()
+        },
     )
     .unwrap()
 }
@@ -92,7 +104,8 @@ fn query(merge_deadline_ms: u64) -> Submission {
 async fn answer_shard(scheduler: &Scheduler, shard: u32, hits: serde_json::Value) -> Task {
     let worker = format!("w{shard}");
     let heartbeat: Heartbeat = serde_json::from_value(serde_json::json!({
-        "labels": {"shard": shard.to_string()},
+        "labels": {"shard": shard.to_string(), "collection": "default"},
+        "vectors": {"collection": "default", "shard": shard, "shards": 2, "dim": 2},
         "kinds": ["vector.search"],
         "max_concurrency": 4,
     }))

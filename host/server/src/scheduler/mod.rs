@@ -133,6 +133,7 @@ pub(crate) enum Answer {
     Claimed(oneshot::Sender<Result<ClaimAnswer, SchedulerError>>),
     Workers(oneshot::Sender<Result<Vec<WorkerView>, SchedulerError>>),
     WorkersNow(oneshot::Sender<Result<Vec<WorkerView>, SchedulerError>>),
+    Collections(oneshot::Sender<Result<Vec<sluice_engine::CollectionView>, SchedulerError>>),
     Done(Option<oneshot::Sender<Result<(), SchedulerError>>>),
 }
 
@@ -349,6 +350,27 @@ impl Scheduler {
             Input::SetConcurrencyLimits(limits),
             Answer::Done(Some(reply)),
         )?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
+    /// Puts the declared vector `collections` (the whole set) in force for the splits and
+    /// heartbeats from now on; answered once the engine has them.
+    pub async fn set_collections(
+        &self,
+        collections: Vec<sluice_model::Collection>,
+    ) -> Result<(), SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.step(
+            Input::SetCollections(collections),
+            Answer::Done(Some(reply)),
+        )?;
+        answer.await.map_err(|_| SchedulerError::ShuttingDown)?
+    }
+
+    /// The vector collections known, declared or announced, with their live shards.
+    pub async fn collections(&self) -> Result<Vec<sluice_engine::CollectionView>, SchedulerError> {
+        let (reply, answer) = oneshot::channel();
+        self.step(Input::Collections, Answer::Collections(reply))?;
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 

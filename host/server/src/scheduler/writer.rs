@@ -439,6 +439,7 @@ impl Writer {
                         Answer::Workers(reply) | Answer::WorkersNow(reply) => {
                             drop(reply.send(Err(failed())))
                         }
+                        Answer::Collections(reply) => drop(reply.send(Err(failed()))),
                         Answer::Done(Some(reply)) => drop(reply.send(Err(failed()))),
                         Answer::Done(None) => {}
                     }
@@ -529,6 +530,9 @@ impl Writer {
             }
             (Answer::Workers(reply), Reply::Workers(result)) => {
                 group.answer(reply, result.map_err(Into::into));
+            }
+            (Answer::Collections(reply), Reply::Collections(collections)) => {
+                let _ = reply.send(Ok(collections));
             }
             (Answer::Done(Some(reply)), _) => group.answer(reply, Ok(())),
             (Answer::Done(None), _) => {}

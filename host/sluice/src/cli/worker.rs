@@ -6,8 +6,8 @@ use anyhow::Context;
 use sluice::vector::{ShardIndex, ShardPart, VectorExecutor, read_vectors};
 use sluice_client::worker::synthetic::Synthetic;
 use sluice_client::worker::{WorkerConfig, run};
-use sluice_engine::SHARD_LABEL;
-use sluice_model::{FailureClass, Gpu, Heartbeat, LoadedModel};
+use sluice_engine::{COLLECTION_LABEL, SHARD_LABEL};
+use sluice_model::{FailureClass, Gpu, Heartbeat, LoadedModel, ShardAnnouncement};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -70,6 +70,17 @@ pub struct WorkerArgs {
     /// With --vectors: IVF centroids (.fvecs or .npy), the same as the split-ivf policy's
     #[arg(long, requires = "vectors")]
     centroids: Option<PathBuf>,
+    /// With --vectors: the collection these vectors belong to; searches name it (`collection`
+    /// in the query) or search `default`
+    #[arg(long, requires = "vectors", default_value = sluice_model::DEFAULT_COLLECTION,
+          value_parser = parse_collection)]
+    collection: String,
+}
+
+fn parse_collection(text: &str) -> Result<String, String> {
+    sluice_model::check_collection_name(text)
+        .map(|()| text.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
@@ -131,6 +142,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         max_concurrency: args.max_concurrency.unwrap_or(args.gpus.max(1) as u32),
         queue_depth: 0,
         loaded_models: args.loaded_models.clone(),
+        vectors: None,
     };
     let client = args.server.client()?;
     let shutdown = super::serve::shutdown_signal();
@@ -140,11 +152,22 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             heartbeat
                 .labels
                 .insert(SHARD_LABEL.to_owned(), index.routing());
+            heartbeat
+                .labels
+                .insert(COLLECTION_LABEL.to_owned(), args.collection.clone());
+            let (shard, shards) = index.shard_of();
+            heartbeat.vectors = Some(ShardAnnouncement {
+                collection: args.collection.clone(),
+                shard,
+                shards,
+                dim: index.dim as u32,
+                vectors: index.len() as u64,
+            });
             if heartbeat.kinds.is_empty() {
                 heartbeat.kinds.push("vector.search".to_owned());
             }
             heartbeat.validate().context("worker settings")?;
-            tracing::info!(worker = %args.id, server = %args.server.server, vectors = index.len(), holds = %index.holds(), "vector worker started");
+            tracing::info!(worker = %args.id, server = %args.server.server, collection = %args.collection, vectors = index.len(), holds = %index.holds(), "vector worker started");
             let executor = Arc::new(VectorExecutor {
                 index: Arc::new(index),
                 delay_ms: args.exec_ms.unwrap_or(0),

@@ -459,6 +459,7 @@ impl<'a> Replay<'a> {
                         max_concurrency: group.gpus,
                         queue_depth: 0,
                         loaded_models: Vec::new(),
+                        vectors: None,
                     },
                     slots: group.gpus as usize,
                     busy: 0,

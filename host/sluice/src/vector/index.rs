@@ -114,12 +114,19 @@ impl ShardIndex {
         }
     }
 
-    /// The routing label value a child must carry for this worker: see `ShardFilter::routing`.
+    /// The routing label value a child must carry for this worker: see `ShardFilter::routing`
+    /// (the only shard of one is the whole set).
     pub fn routing(&self) -> String {
         match self.part {
-            Some(part) => part.index.to_string(),
-            None => "all".to_owned(),
+            Some(part) if part.count > 1 => part.index.to_string(),
+            _ => "all".to_owned(),
         }
+    }
+
+    /// The shard it holds as its heartbeat announces it: (index, count), (0, 1) for the whole
+    /// set.
+    pub fn shard_of(&self) -> (u32, u32) {
+        self.part.map_or((0, 1), |part| (part.index, part.count))
     }
 
     pub fn search(&self, query: &ShardQuery) -> Result<ShardAnswer, SearchError> {
@@ -135,7 +142,7 @@ impl ShardIndex {
         };
         let lists: Option<&[u32]> = match &query.filter {
             ShardFilter::Shard(shard) => {
-                if self.part.map(|p| p.index) != Some(*shard) {
+                if self.shard_of().0 != *shard {
                     return Err(wrong_shard());
                 }
                 None

@@ -7,7 +7,7 @@ use super::{ShardIndex, ShardPart, Vectors, brute_force, clustered, kmeans};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use sluice_engine::SplitInput;
-use sluice_model::{Hit, Metric, ShardFilter, ShardQuery, TaskSpec, VectorQuery};
+use sluice_model::{Hit, Layout, Metric, ShardFilter, ShardQuery, TaskSpec, VectorQuery};
 use sluice_policy_runtime::{
     Kind, MergeInstance, PolicyRuntime, RuntimeOptions, SplitInstance, checks, defaults,
     shard_filter, split_request,
@@ -77,15 +77,26 @@ impl SearchPipeline {
         let query = VectorQuery {
             vector: vector.to_vec(),
             k: K as u32,
-            metric: Metric::L2,
+            collection: None,
+            metric: None,
             nprobe,
             allow_partial: false,
             merge_deadline_ms: None,
+        };
+        let shards = self.shards.len().max(1) as u32;
+        let layout = Layout {
+            collection: "recall".into(),
+            dim: vector.len() as u32,
+            metric: Metric::L2,
+            shards,
+            live: (0..shards).collect(),
+            declared: false,
         };
         let input = SplitInput {
             spec: &spec,
             seq: 1,
             query: &query,
+            layout: &layout,
         };
         let answer = self.split.split(&split_request(0, &input)).unwrap();
         let children = checks::subtasks(answer).unwrap().unwrap();

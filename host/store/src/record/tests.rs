@@ -1,7 +1,7 @@
 use super::*;
 use sluice_model::{
-    Callback, Family, FamilyPart, Lease, PolicyKind, Priority, Resources, RetiredLease, State,
-    TaskError, TaskId, VariantTag,
+    Callback, Family, FamilyPart, Lease, Metric, PolicyKind, Priority, Resources, RetiredLease,
+    SearchScope, State, TaskError, TaskId, VariantTag,
 };
 
 /// A task with every optional part set, so that a field the codec forgets shows.
@@ -71,11 +71,17 @@ fn full_task() -> Task {
                 task: child,
                 weight: 0.25,
                 covers: "shard 3".into(),
+                shard: Some(3),
             }],
             settled: 1,
             k: 10,
             allow_partial: true,
             merge_at_ms: Some(11),
+            scope: Some(SearchScope {
+                collection: "docs".into(),
+                metric: Metric::Ip,
+                shards: 4,
+            }),
         }),
         retired_leases: vec![RetiredLease {
             token_sha256: "ab".repeat(16),
@@ -111,6 +117,36 @@ fn a_task_comes_back_as_it_went_in() {
     bare.retired_leases.clear();
     bare.variants.clear();
     assert_eq!(decode(&encode(&bare).unwrap()).unwrap(), bare);
+}
+
+/// A record of format 2 (what the release before wrote) reads as the same task without the
+/// search part: the family has no scope and its parts no shard.
+#[test]
+fn a_format_two_record_reads_without_its_search_part() {
+    let task = full_task();
+    let mut bytes = encode(&task).unwrap();
+    // Format 3 is format 2's body then the search part: cut the part, mark it format 2.
+    let mut plain = task.clone();
+    if let Some(family) = &mut plain.family {
+        family.scope = None;
+        family.parts.iter_mut().for_each(|p| p.shard = None);
+    }
+    bytes.truncate(bytes.len() - search_part_len(&bytes));
+    bytes[0] = 2;
+    assert_eq!(format_of(&bytes), Some(2));
+    assert_eq!(decode(&bytes).unwrap(), plain);
+    // A format-3 record cut short, or with bytes after it, is corrupt, not a panic.
+    let whole = encode(&task).unwrap();
+    assert!(decode(&whole[..whole.len() - 1]).is_err());
+    let mut longer = whole.clone();
+    longer.push(0);
+    assert!(decode(&longer).is_err());
+}
+
+/// The length of `bytes`' search part: everything after the format-2 body.
+fn search_part_len(bytes: &[u8]) -> usize {
+    let (_, rest) = super::v2::decode_body(&bytes[1..]).unwrap();
+    rest.len()
 }
 
 #[test]

@@ -212,12 +212,14 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Task, StoreError> {
                     task: p.task,
                     weight: p.weight,
                     covers: p.covers,
+                    shard: None,
                 })
                 .collect(),
             settled: f.settled,
             k: f.k,
             allow_partial: f.allow_partial,
             merge_at_ms: f.merge_at_ms,
+            scope: None,
         }),
         retired_leases: r
             .retired_leases

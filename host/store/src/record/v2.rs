@@ -1,4 +1,4 @@
-//! Format 2: postcard of `TaskV2`. Names and enums are stored as the model's stable codes
+//! Format 2: postcard of `TaskV2` (also the body of format 3, see `v3`). Names and enums are stored as the model's stable codes
 //! (`State::code`, `Priority::index`, `PolicyKind::code`), ids as their 16 bytes, the event
 //! sequence numbers as differences (a task's events are near each other in the log), and a
 //! result as its JSON text (postcard cannot carry a self-describing JSON value).
@@ -115,8 +115,8 @@ fn opt_text(value: &Option<String>) -> Option<Text<'_>> {
     value.as_deref().map(Cow::Borrowed)
 }
 
-/// `[FORMAT_VERSION][postcard]`.
-pub(super) fn encode(task: &Task) -> Result<Vec<u8>, StoreError> {
+/// `[format][postcard]`: the format byte, then `TaskV2`, to which format 3 appends its part.
+pub(super) fn encode_body(task: &Task, format: u8) -> Result<Vec<u8>, StoreError> {
     let mut steps = Vec::with_capacity(task.event_seqs.len());
     let mut before = 0u64;
     for &seq in &task.event_seqs {
@@ -218,21 +218,16 @@ pub(super) fn encode(task: &Task) -> Result<Vec<u8>, StoreError> {
         first_claimed_at_ms: task.first_claimed_at_ms,
     };
     let mut out = Vec::with_capacity(160 + task.kind.len() + task.device.len());
-    out.push(super::FORMAT_VERSION);
+    out.push(format);
     // Writing into a Vec does not fail and every field is a type postcard encodes, but an error
     // stays an error rather than a panic on the commit path.
     postcard::to_extend(&record, out).map_err(|e| corrupt(format!("format 2: {e}")))
 }
 
-pub(super) fn decode(bytes: &[u8]) -> Result<Task, StoreError> {
+/// The task a `TaskV2` holds, and the bytes after it (format 3's part).
+pub(super) fn decode_body(bytes: &[u8]) -> Result<(Task, &[u8]), StoreError> {
     let (r, rest): (TaskV2<'_>, _) =
         postcard::take_from_bytes(bytes).map_err(|e| corrupt(format!("format 2: {e}")))?;
-    if !rest.is_empty() {
-        return Err(corrupt(format!(
-            "format 2: {} bytes after the record",
-            rest.len()
-        )));
-    }
     let mut event_seqs = Vec::with_capacity(r.event_seq_steps.len());
     let mut seq = 0u64;
     for step in r.event_seq_steps {
@@ -262,7 +257,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Task, StoreError> {
         ),
         None => None,
     };
-    Ok(Task {
+    let task = Task {
         id: TaskId::from_bytes(r.id),
         key: r.key.map(Cow::into_owned),
         kind: r.kind.into_owned(),
@@ -329,12 +324,14 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Task, StoreError> {
                     task: TaskId::from_bytes(p.task),
                     weight: p.weight,
                     covers: p.covers.into_owned(),
+                    shard: None,
                 })
                 .collect(),
             settled: f.settled,
             k: f.k,
             allow_partial: f.allow_partial,
             merge_at_ms: f.merge_at_ms,
+            scope: None,
         }),
         retired_leases: r
             .retired_leases
@@ -348,7 +345,8 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Task, StoreError> {
             .collect(),
         variants,
         first_claimed_at_ms: r.first_claimed_at_ms,
-    })
+    };
+    Ok((task, rest))
 }
 
 fn priority(index: u8) -> Result<Priority, StoreError> {

@@ -30,6 +30,8 @@ pub struct Plan {
 }
 
 pub const SEARCH_K: u32 = 10;
+/// The vector collection the demo's shard workers hold and its searches name.
+pub const COLLECTION: &str = "demo";
 
 impl Plan {
     pub fn new(tasks: usize, searches: usize, vectors: &Vectors, seed: u64) -> Plan {
@@ -93,7 +95,7 @@ fn spec(item: &Item, number: usize) -> anyhow::Result<TaskSpec> {
             "device": "search-frontend",
             "tenant": "search",
             "est_exec_ms": 500,
-            "payload": {"vector": vector, "k": SEARCH_K},
+            "payload": {"vector": vector, "k": SEARCH_K, "collection": COLLECTION},
         }),
     };
     serde_json::from_value(body).context("a demo task")

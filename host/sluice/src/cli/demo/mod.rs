@@ -11,8 +11,8 @@ use sluice::vector::{ShardIndex, ShardPart, VectorExecutor, clustered};
 use sluice_client::Client;
 use sluice_client::worker::synthetic::Synthetic;
 use sluice_client::worker::{Executor, WorkerConfig};
-use sluice_engine::SHARD_LABEL;
-use sluice_model::{Gpu, Heartbeat, PolicyKind};
+use sluice_engine::{COLLECTION_LABEL, SHARD_LABEL};
+use sluice_model::{Gpu, Heartbeat, PolicyKind, ShardAnnouncement};
 use sluice_server::config::ServeConfig;
 use sluice_server::server::Server;
 use std::path::PathBuf;
@@ -43,6 +43,34 @@ pub struct DemoArgs {
     /// Seed of the data, the load and the synthetic failures
     #[arg(long, default_value_t = 7)]
     seed: u64,
+}
+
+/// Waits (a few seconds at most) until every shard worker's heartbeat has reached the server,
+/// so no search is split while a shard is still missing; the collection's line to print.
+async fn wait_for_shards(client: &Client, shards: u32) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let known = client.collections(Some(load::COLLECTION)).await.ok();
+        let live = known
+            .as_ref()
+            .and_then(|c| c["live_shards"].as_u64())
+            .unwrap_or(0);
+        if live == u64::from(shards) {
+            return Ok(format!(
+                "collection {}: {live} of {shards} shards live, {} dimensions, {}",
+                load::COLLECTION,
+                known.as_ref().map_or(0, |c| c["dim"].as_u64().unwrap_or(0)),
+                known
+                    .as_ref()
+                    .and_then(|c| c["metric"].as_str())
+                    .unwrap_or("l2"),
+            ));
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("only {live} of {shards} shard workers reached the server in 10 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The demo's vector set: clustered, as embeddings are.
@@ -76,9 +104,6 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         listen: ([127, 0, 0, 1], 0).into(),
         ..ServeConfig::default()
     };
-    config
-        .policy_configs
-        .insert(PolicyKind::Split, format!("shards={}", args.shards));
     // Seconds rather than minutes, so retries and aging show within the demo.
     config.policy_configs.insert(
         PolicyKind::Retry,
@@ -116,6 +141,16 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             ..Heartbeat::default()
         };
         heartbeat.labels.insert(SHARD_LABEL.into(), shard.routing());
+        heartbeat
+            .labels
+            .insert(COLLECTION_LABEL.into(), load::COLLECTION.into());
+        heartbeat.vectors = Some(ShardAnnouncement {
+            collection: load::COLLECTION.into(),
+            shard: index,
+            shards: args.shards,
+            dim: VECTOR_DIM as u32,
+            vectors: shard.len() as u64,
+        });
         let executor = VectorExecutor {
             index: Arc::new(shard),
             delay_ms: 0,
@@ -153,6 +188,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         spawn_worker(&mut workers, &client, name, heartbeat, executor, &stopping);
     }
 
+    let layout = wait_for_shards(&client, args.shards).await?;
+    outln!("{layout}\n")?;
     let started = Instant::now();
     let plan = load::Plan::new(args.tasks, args.searches, &vectors, args.seed);
     let pace = Duration::from_secs(args.pace_s);

@@ -228,6 +228,9 @@ impl Summary {
         outln!("\nWhere to look next:")?;
         outln!("  curl {url}/v1/stats                  counts by state and bucket")?;
         outln!("  curl {url}/v1/workers                workers, health, breakers")?;
+        outln!(
+            "  curl {url}/v1/collections            vector collections, shards and their workers"
+        )?;
         outln!("  curl '{url}/v1/tasks?state=dead'     what gave up, and why")?;
         outln!("  curl {url}/v1/policies               active policy versions")?;
         outln!(
