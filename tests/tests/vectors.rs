@@ -122,6 +122,24 @@ async fn refused(
     answer.body["detail"].as_str().unwrap().to_owned()
 }
 
+/// Uploads merge-threshold with `max_distance` at `threshold`; its version.
+fn upload_threshold(server: &Server, threshold: f32) -> u64 {
+    let config = format!("max_distance={threshold}");
+    let uploaded = cli(
+        server,
+        &[
+            "policy",
+            "upload",
+            "merge",
+            "--builtin",
+            "merge-threshold",
+            "--config",
+            &config,
+        ],
+    );
+    uploaded["version"].as_u64().unwrap()
+}
+
 /// A temporary folder holding the data set as .npy, and a server started with `args`.
 fn start(
     store: &TestStore,
@@ -193,19 +211,7 @@ async fn split_queries_equal_exact_search_and_a_merge_policy_swap_applies_to_the
     let query = query_vector(&data, 123);
     let nearest = exact(&data, &query, K);
     let threshold = (nearest[2].1 + nearest[3].1) / 2.0;
-    let uploaded = cli(
-        &server,
-        &[
-            "policy",
-            "upload",
-            "merge",
-            "--builtin",
-            "merge-threshold",
-            "--config",
-            &format!("max_distance={threshold}"),
-        ],
-    );
-    let version = uploaded["version"].as_u64().unwrap();
+    let version = upload_threshold(&server, threshold);
     cli(
         &server,
         &["policy", "activate", "merge", &version.to_string()],
@@ -517,5 +523,163 @@ async fn four_shard_workers_with_no_split_setting_are_all_searched_and_a_dead_on
     assert!(
         message.contains("1 of 4 shards") && message.contains("shard 2"),
         "{message}"
+    );
+}
+
+/// Submits a search for each of `queries` at once, then waits for every one to end.
+async fn search_all(client: &reqwest::Client, server: &Server, queries: &[Vec<f32>]) -> Vec<Value> {
+    let mut ids = Vec::with_capacity(queries.len());
+    for query in queries {
+        ids.push(submit(client, server, json!({"vector": query, "k": K})).await);
+    }
+    let mut ended_tasks = Vec::with_capacity(ids.len());
+    for id in &ids {
+        ended_tasks.push(ended(client, server, id).await);
+    }
+    ended_tasks
+}
+
+fn merge_figures(report: &Value, variant: usize) -> &Value {
+    &report["variants"][variant]["runtime"]["merge"]
+}
+
+/// The acceptance of issue 47's third item: merge-topk against merge-threshold (its bound cuts
+/// answers about in half), live over 200 searches and then in shadow over the same 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_experiments_live_and_in_shadow_are_judged_by_recall_on_the_same_searches() {
+    let (_dir, data, file, server) = start(&TestStore::Sled, &[]);
+    let client = http();
+    let _workers: Vec<Worker> = (0..4)
+        .map(|i| shard_worker(&server, &file, i, 4, &[]))
+        .collect();
+    live_shards(&client, &server, "default", 4).await;
+    let queries: Vec<Vec<f32>> = (0..200)
+        .map(|i| query_vector(&data, i * 3 % ROWS))
+        .collect();
+    let exacts: Vec<Vec<(u64, f32)>> = queries.iter().map(|q| exact(&data, q, K)).collect();
+    let mut fifth: Vec<f32> = exacts.iter().map(|e| e[4].1).collect();
+    fifth.sort_by(f32::total_cmp);
+    let threshold = fifth[fifth.len() / 2];
+    let version = upload_threshold(&server, threshold);
+    let variants =
+        json!([{"name": "topk", "version": 0}, {"name": "threshold", "version": version}]);
+    let experiments = server.endpoint("/v1/experiments");
+
+    // Live: each search is answered by its own variant's merge.
+    let started = post_json(
+        &client,
+        &experiments,
+        &json!({"kind": "merge", "variants": variants}),
+    )
+    .await;
+    assert_eq!(started.status, 201, "{:?}", started.body);
+    let live_id = started.body["id"].as_u64().unwrap();
+    let answered = search_all(&client, &server, &queries).await;
+    let mut by_variant = [0; 2];
+    for (parent, exact) in answered.iter().zip(&exacts) {
+        assert_eq!(parent["state"], "completed", "{parent:?}");
+        let tag = parent["variants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["kind"] == "merge")
+            .unwrap();
+        let variant = tag["variant"].as_u64().unwrap() as usize;
+        by_variant[variant] += 1;
+        let expected: Vec<u64> = exact
+            .iter()
+            .filter(|h| variant == 0 || h.1 <= threshold)
+            .map(|h| h.0)
+            .collect();
+        assert_eq!(hit_ids(&parent["result"]), expected, "variant {variant}");
+    }
+    assert!(by_variant.iter().all(|&n| n > 50), "{by_variant:?}");
+    let live = get_json(
+        &client,
+        &server.endpoint(&format!("/v1/experiments/{live_id}")),
+    )
+    .await
+    .body;
+    println!("{}", live["text"].as_str().unwrap());
+    let (topk, cut) = (merge_figures(&live, 0), merge_figures(&live, 1));
+    assert_eq!(
+        topk["searches"], 200,
+        "every variant merges every search: {live}"
+    );
+    assert_eq!(cut["searches"], 200);
+    assert_eq!(topk["recall_at_k"]["mean"], 1.0);
+    assert_eq!(topk["recall_at_k"]["interval"], json!([1.0, 1.0]));
+    let recall = cut["recall_at_k"]["mean"].as_f64().unwrap();
+    let high = cut["recall_at_k"]["interval"][1].as_f64().unwrap();
+    assert!(
+        recall < 0.8 && high < 0.9,
+        "the threshold cuts answers: {cut}"
+    );
+    assert!(cut["overlap_at_k"]["mean"].as_f64().unwrap() < 0.9, "{cut}");
+    assert!(
+        cut["merge_us_p50"].is_u64() && cut["merge_us_p99"].is_u64(),
+        "{cut}"
+    );
+    let verdict = live["comparisons"][0]["verdict"].as_str().unwrap();
+    assert!(
+        verdict.starts_with("threshold lowers recall@k"),
+        "{verdict}"
+    );
+    let searches: u64 = (0..2)
+        .map(|v| live["variants"][v]["searches"].as_u64().unwrap())
+        .sum();
+    assert_eq!(searches, 200);
+    let promoted = post_json(
+        &client,
+        &server.endpoint(&format!("/v1/experiments/{live_id}/promote")),
+        &json!({"variant": "threshold"}),
+    )
+    .await;
+    assert_eq!(promoted.status, 200, "{:?}", promoted.body);
+    let merge = get_json(&client, &server.endpoint("/v1/policies/merge"))
+        .await
+        .body;
+    assert_eq!(merge["active_version"], version);
+
+    // Shadow, with top-k active again: every answer is top-k's, and the recall figures of the
+    // same 200 searches are the live run's.
+    cli(&server, &["policy", "activate", "merge", "0"]);
+    let started = post_json(
+        &client,
+        &experiments,
+        &json!({"kind": "merge", "variants": variants, "mode": "shadow"}),
+    )
+    .await;
+    assert_eq!(started.status, 201, "{:?}", started.body);
+    let shadow_id = started.body["id"].as_u64().unwrap();
+    let answered = search_all(&client, &server, &queries).await;
+    for (parent, exact) in answered.iter().zip(&exacts) {
+        let expected: Vec<u64> = exact.iter().map(|h| h.0).collect();
+        assert_eq!(hit_ids(&parent["result"]), expected);
+    }
+    let shadow = get_json(
+        &client,
+        &server.endpoint(&format!("/v1/experiments/{shadow_id}")),
+    )
+    .await
+    .body;
+    for variant in 0..2 {
+        let (live, shadow) = (
+            merge_figures(&live, variant),
+            merge_figures(&shadow, variant),
+        );
+        assert_eq!(shadow["searches"], 200);
+        assert_eq!(
+            shadow["recall_at_k"], live["recall_at_k"],
+            "variant {variant}"
+        );
+        assert_eq!(
+            shadow["overlap_at_k"], live["overlap_at_k"],
+            "variant {variant}"
+        );
+    }
+    assert_eq!(
+        shadow["comparisons"][0]["verdict"],
+        live["comparisons"][0]["verdict"]
     );
 }

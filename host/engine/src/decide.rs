@@ -40,11 +40,13 @@ pub trait Decide: Send + Sync + 'static {
     /// policy's reason to refuse. `Err` when no policy version could answer at all.
     fn split(&self, now_ms: u64, input: &SplitInput) -> Result<Decided<SplitAnswer>, String>;
     /// At most `k` hits, nearest first, each id once; or the policy's reason to refuse.
-    /// `hits` are the children's hits packed with `Hit::write_part`. Never fails for a
-    /// policy's sake: when every version faults, the host's own top-k merge answers.
+    /// `hits` are the children's hits packed with `Hit::write_part`; `variant`, the live merge
+    /// experiment's variant the search was assigned. Never fails for a policy's sake: when
+    /// every version faults, the host's own top-k merge answers.
     fn merge(
         &self,
         now_ms: u64,
+        variant: Option<VariantTag>,
         k: u32,
         weights: &[f32],
         hits: &[u64],
@@ -178,6 +180,7 @@ impl Decide for NativeDecider {
     fn merge(
         &self,
         _now_ms: u64,
+        _variant: Option<VariantTag>,
         k: u32,
         weights: &[f32],
         hits: &[u64],

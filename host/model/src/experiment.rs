@@ -73,7 +73,9 @@ impl ExperimentSpec {
     /// kinds each mode supports.
     pub fn check(&self) -> Result<(), String> {
         let supported = match self.mode {
-            ExperimentMode::Live => &[PolicyKind::Priority, PolicyKind::Aging][..],
+            ExperimentMode::Live => {
+                &[PolicyKind::Priority, PolicyKind::Aging, PolicyKind::Merge][..]
+            }
             ExperimentMode::Shadow => &[
                 PolicyKind::Priority,
                 PolicyKind::Aging,

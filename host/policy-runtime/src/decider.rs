@@ -212,11 +212,12 @@ impl Decide for PolicyDecider {
     fn merge(
         &self,
         now_ms: u64,
+        variant: Option<VariantTag>,
         k: u32,
         weights: &[f32],
         hits: &[u64],
     ) -> Decided<Result<Vec<Hit>, String>> {
-        match self.registry.merge(now_ms, k, weights, hits) {
+        match self.registry.merge(now_ms, variant, k, weights, hits) {
             Ok(decided) => Decided {
                 answer: decided.answer,
                 version: Some(decided.version),

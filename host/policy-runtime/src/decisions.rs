@@ -112,17 +112,26 @@ impl PolicyRegistry {
 
     /// `hits`: the children's hits packed with `Hit::write_part`, each child's run nearest
     /// first; `weights[c]` is child c's weight.
+    /// `variant`: the live merge experiment's variant the search was assigned, if any. While
+    /// a merge experiment runs, every variant then merges the same hits to be scored
+    /// (`merge_scores.rs`); the answer is the one decided here all the same.
     pub fn merge(
         &self,
         now_ms: u64,
+        variant: Option<VariantTag>,
         k: u32,
         weights: &[f32],
         hits: &[u64],
     ) -> Result<SlotAnswer<Result<Vec<Hit>, String>>, PolicyError> {
-        self.merge.decide(
+        let decided = self.merge.decide_for(
             now_ms,
+            variant,
             |p| p.merge(k, weights, hits),
             |answer| checks::merged(k, hits, answer),
-        )
+        )?;
+        if let Some(trial) = self.merge.trial() {
+            trial.score_merges(k, weights, hits, self.merge.metrics());
+        }
+        Ok(decided)
     }
 }

@@ -256,6 +256,7 @@ impl PolicyRegistry {
         Ok(Trial {
             experiment: experiment.clone(),
             arms,
+            scores: super::merge_scores::MergeScores::default(),
         })
     }
 }

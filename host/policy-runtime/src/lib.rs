@@ -11,6 +11,7 @@ mod decisions;
 pub mod defaults;
 mod experiments;
 mod instance;
+mod merge_scores;
 mod metrics;
 mod pool;
 mod registry;
@@ -26,6 +27,7 @@ pub use decider::{shard_filter, split_request};
 pub use instance::{
     AgingInstance, MergeInstance, Policy, PriorityInstance, RetryInstance, SplitInstance,
 };
+pub use merge_scores::{MAX_SCORED_SEARCHES, MergeFigures};
 pub use metrics::{PolicyMetrics, TIMED_ONE_IN, VersionMetrics};
 pub use registry::{
     Check, DEFAULT_MAX_DATA_BYTES, KindDetail, KindStatus, MAX_CONFIG_BYTES, PolicyRegistry,

@@ -192,6 +192,11 @@ impl<P: Policy> Slot<P> {
         self.chain.store(Arc::new(chain));
     }
 
+    /// The metrics its versions' calls are recorded in.
+    pub(super) fn metrics(&self) -> &PolicyMetrics {
+        &self.metrics
+    }
+
     pub fn trial(&self) -> Option<Arc<Trial<P>>> {
         self.trial.load_full()
     }

@@ -5,6 +5,7 @@
 //! report's task figures come from the task records and survive it).
 
 use super::instance::Policy;
+use super::merge_scores::{MergeFigures, MergeScores};
 use super::metrics::PolicyMetrics;
 use super::runtime::PolicyError;
 use super::sample::Sample;
@@ -58,15 +59,27 @@ pub struct ArmFigures {
     /// answers as JSON (`sample.rs`).
     #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
     pub disagreement_samples: Vec<serde_json::Value>,
+    /// A merge experiment: its merges of every scored search, judged by recall.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merge: Option<MergeFigures>,
 }
 
 pub struct Trial<P> {
     pub experiment: Experiment,
     pub arms: Vec<Arm<P>>,
+    /// A merge experiment's scored searches (`merge_scores.rs`); empty for other kinds.
+    pub scores: MergeScores,
 }
 
 impl<P: Policy> Trial<P> {
     pub fn figures(&self) -> Vec<ArmFigures> {
+        let names: Vec<&str> = self
+            .experiment
+            .variants
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect();
+        let mut merge = self.scores.figures(&names).map(Vec::into_iter);
         self.arms
             .iter()
             .map(|arm| ArmFigures {
@@ -79,6 +92,7 @@ impl<P: Policy> Trial<P> {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .clone(),
+                merge: merge.as_mut().and_then(Iterator::next),
             })
             .collect()
     }

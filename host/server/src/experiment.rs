@@ -3,8 +3,10 @@
 //! intervals, a verdict line per variant, and what the variants' versions did at run time.
 
 use serde::Serialize;
-use sluice_model::{AssignBy, Experiment, ExperimentMode, Priority, State, Task, TaskId};
-use sluice_policy_runtime::ArmFigures;
+use sluice_model::{
+    AssignBy, Experiment, ExperimentMode, PolicyKind, Priority, State, Task, TaskId,
+};
+use sluice_policy_runtime::{ArmFigures, MergeFigures};
 use sluice_stats::compare::{
     Difference, ShareCheck, WaitFigures, difference_line, duration, share_check, verdict,
     wait_differences,
@@ -34,6 +36,9 @@ pub struct VariantFigures {
     pub retries: u64,
     /// Tasks that wait (or waited) in a higher bucket than they were submitted to.
     pub promoted: u64,
+    /// Split searches among its tasks (a merge experiment's), and those answered partial.
+    pub searches: u64,
+    pub partial_searches: u64,
     /// Attempts per ended task.
     pub attempts_per_task: f64,
     /// Submission to first claim, per submitted priority.
@@ -81,6 +86,8 @@ struct VariantTally {
     attempts_of_ended: u64,
     retries: u64,
     promoted: u64,
+    searches: u64,
+    partial_searches: u64,
     waits_ms: [Vec<u64>; 3],
 }
 
@@ -90,6 +97,12 @@ impl VariantTally {
         self.retries += u64::from(task.attempt.saturating_sub(1));
         if task.bucket < task.priority {
             self.promoted += 1;
+        }
+        if task.family.is_some() {
+            self.searches += 1;
+            if task.result.as_ref().is_some_and(|r| r["partial"] == true) {
+                self.partial_searches += 1;
+            }
         }
         match task.first_claimed_at_ms {
             Some(claimed_ms) => self.waits_ms[task.priority.index()]
@@ -142,6 +155,10 @@ pub fn report<E>(
             }
             examined += page.tasks.len();
             for task in &page.tasks {
+                // A search's children carry its tags; a merge experiment counts searches.
+                if experiment.kind == PolicyKind::Merge && task.parent.is_some() {
+                    continue;
+                }
                 if let Some(tag) = task.variant(experiment.kind)
                     && tag.experiment == experiment.id
                     && let Some(tally) = tallies.get_mut(usize::from(tag.variant))
@@ -164,6 +181,19 @@ pub fn report<E>(
         .map(|(variant, tally)| figures(variant, tally, runtime.next()))
         .collect();
     let comparisons = match experiment.mode {
+        // A merge changes no wait: its variants are compared by what their merges scored.
+        _ if experiment.kind == PolicyKind::Merge => variants
+            .iter()
+            .skip(1)
+            .filter_map(|variant| {
+                let merge = variant.runtime.as_ref()?.merge.as_ref()?;
+                Some(Comparison {
+                    variant: variant.name.clone(),
+                    differences: Vec::new(),
+                    verdict: merge.verdict.clone()?,
+                })
+            })
+            .collect(),
         ExperimentMode::Live => tallies
             .iter()
             .zip(&experiment.variants)
@@ -239,6 +269,8 @@ fn figures(
         other_ended: all_ended - completed - dead,
         retries: tally.retries,
         promoted: tally.promoted,
+        searches: tally.searches,
+        partial_searches: tally.partial_searches,
         attempts_per_task: match all_ended {
             0 => 0.0,
             n => (tally.attempts_of_ended as f64 / n as f64 * 1_000.0).round() / 1_000.0,
@@ -252,6 +284,29 @@ fn figures(
             .collect(),
         runtime,
     }
+}
+
+/// A variant's merges as the report prints them.
+fn merge_line(merge: &MergeFigures, variant: &VariantFigures) -> String {
+    let partial = match variant.searches {
+        0 => String::new(),
+        n => format!(
+            "; its searches {n}, partial {:.3}",
+            variant.partial_searches as f64 / n as f64
+        ),
+    };
+    format!(
+        "  merges scored {} (failed {}, past the bound {}): recall@k {}, overlap@k with the \
+         baseline {}, hits {:.2}, merge p50 {} µs, p99 {} µs{partial}",
+        merge.searches,
+        merge.failed,
+        merge.unscored,
+        merge.recall_at_k.describe(),
+        merge.overlap_at_k.describe(),
+        merge.hits_mean,
+        merge.merge_us_p50,
+        merge.merge_us_p99,
+    )
 }
 
 fn text(report: &ExperimentReport) -> String {
@@ -321,6 +376,9 @@ fn text(report: &ExperimentReport) -> String {
                     ExperimentMode::Live => String::new(),
                 }
             );
+            if let Some(merge) = &runtime.merge {
+                let _ = writeln!(out, "{}", merge_line(merge, variant));
+            }
             for sample in &runtime.disagreement_samples {
                 let _ = writeln!(out, "    {sample}");
             }

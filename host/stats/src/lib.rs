@@ -10,9 +10,11 @@
 //! cost what a hundred do.
 //!
 //! `compare` puts these to work on wait figures per bucket, for the simulation's and the live
-//! experiments' reports.
+//! experiments' reports; `means` gives averages over searches (a merge's recall) their
+//! intervals, by resampling.
 
 pub mod compare;
+pub mod means;
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -32,7 +34,7 @@ pub fn quantile(sorted: &[u64], q: f64) -> u64 {
 }
 
 /// The 1-based nearest rank of the `q` quantile among `n` values (`n` > 0).
-fn rank(n: usize, q: f64) -> usize {
+pub(crate) fn rank(n: usize, q: f64) -> usize {
     ((q * n as f64).ceil() as usize).clamp(1, n)
 }
 

@@ -191,7 +191,10 @@ impl Stepper<'_> {
             };
             (Err(error), "shards missing".to_owned())
         } else {
-            let decided = self.decide.merge(now_ms, family.k, &weights, &packed);
+            let variant = parent.variant(sluice_model::PolicyKind::Merge);
+            let decided = self
+                .decide
+                .merge(now_ms, variant, family.k, &weights, &packed);
             let by = match decided.version {
                 Some(v) => format!("merged by merge policy v{v}"),
                 None => "merged by the host's top-k".to_owned(),

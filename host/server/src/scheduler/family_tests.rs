@@ -57,11 +57,12 @@ impl Decide for Shards {
     fn merge(
         &self,
         now_ms: u64,
+        variant: Option<sluice_model::VariantTag>,
         k: u32,
         weights: &[f32],
         hits: &[u64],
     ) -> Decided<Result<Vec<policy_packed::Hit>, String>> {
-        self.native.merge(now_ms, k, weights, hits)
+        self.native.merge(now_ms, variant, k, weights, hits)
     }
 }
 

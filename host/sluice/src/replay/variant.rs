@@ -140,8 +140,9 @@ impl Variant {
                         detail: format!(
                             "`sluice sim` replays dispatch (priority, aging and retry) and \
                              splits no task, so a {} policy would change nothing here: compare \
-                             split and merge strategies with an experiment on a live server \
-                             (`sluice experiment start`, docs/simulation.md)",
+                             merge strategies by recall with a live or shadow experiment on a \
+                             server (`sluice experiment start --kind merge`), split strategies \
+                             with a shadow one (docs/simulation.md)",
                             choice.kind
                         ),
                     });

@@ -449,7 +449,7 @@ fn merge_cost(
     let weights = vec![1.0; children];
     let wasm = timed(|| {
         for _ in 0..rounds {
-            let merged = registry.merge(1, k, &weights, &packed)?;
+            let merged = registry.merge(1, None, k, &weights, &packed)?;
             std::hint::black_box(
                 merged
                     .answer
