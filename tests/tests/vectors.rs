@@ -547,7 +547,7 @@ fn merge_figures(report: &Value, variant: usize) -> &Value {
 /// answers about in half), live over 200 searches and then in shadow over the same 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merge_experiments_live_and_in_shadow_are_judged_by_recall_on_the_same_searches() {
-    let (_dir, data, file, server) = start(&TestStore::Sled, &[]);
+    let (dir, data, file, server) = start(&TestStore::Sled, &[]);
     let client = http();
     let _workers: Vec<Worker> = (0..4)
         .map(|i| shard_worker(&server, &file, i, 4, &[]))
@@ -629,6 +629,56 @@ async fn merge_experiments_live_and_in_shadow_are_judged_by_recall_on_the_same_s
         .map(|v| live["variants"][v]["searches"].as_u64().unwrap())
         .sum();
     assert_eq!(searches, 200);
+
+    // The same 200 searches offline: exported with their children's hits, merged again by the
+    // same two components, the same figures.
+    let trace = dir.path().join("searches.jsonl");
+    let exported = Command::new(sluice_binary())
+        .args([
+            "trace",
+            "export",
+            "--with-hits",
+            "--server",
+            &server.url,
+            "--out",
+        ])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        exported.status.success(),
+        "{}",
+        String::from_utf8_lossy(&exported.stderr)
+    );
+    let threshold_choice = format!("threshold=builtin:merge-threshold?max_distance={threshold}");
+    let offline = Command::new(sluice_binary())
+        .args(["sim", "--trace"])
+        .arg(&trace)
+        .args([
+            "--merge",
+            "topk=builtin:merge-topk",
+            "--merge",
+            &threshold_choice,
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        offline.status.success(),
+        "{}",
+        String::from_utf8_lossy(&offline.stderr)
+    );
+    let offline: Value = serde_json::from_slice(&offline.stdout).unwrap();
+    for (name, variant) in [("topk", 0), ("threshold", 1)] {
+        let live = merge_figures(&live, variant);
+        assert_eq!(offline[name]["searches"], 200, "{offline}");
+        assert_eq!(offline[name]["recall_at_k"], live["recall_at_k"], "{name}");
+        assert_eq!(
+            offline[name]["overlap_at_k"], live["overlap_at_k"],
+            "{name}"
+        );
+        assert_eq!(offline[name]["verdict"], live["verdict"], "{name}");
+    }
     let promoted = post_json(
         &client,
         &server.endpoint(&format!("/v1/experiments/{live_id}/promote")),

@@ -52,8 +52,8 @@ pub use task::{
     Task, TaskError, token_digest,
 };
 pub use vector::{
-    Hit, MAX_DIMENSIONS as VECTOR_MAX_DIMENSIONS, MergedAnswer, Metric, ShardAnswer, ShardFilter,
-    ShardQuery, VectorQuery, id_hash,
+    Hit, MAX_DIMENSIONS as VECTOR_MAX_DIMENSIONS, MAX_K as VECTOR_MAX_K, MergedAnswer, Metric,
+    ShardAnswer, ShardFilter, ShardQuery, VectorQuery, id_hash,
 };
 pub use worker::{Gpu, Heartbeat, LoadedModel, MAX_LOADED_MODELS, WorkerEvent, check_worker_id};
 

@@ -69,6 +69,24 @@ pub struct MergeFigures {
     pub verdict: Option<String>,
 }
 
+impl MergeFigures {
+    /// One line, as reports and `sluice sim --merge` print it.
+    pub fn line(&self) -> String {
+        format!(
+            "merges scored {} (failed {}, past the bound {}): recall@k {}, overlap@k with the \
+             baseline {}, hits {:.2}, merge p50 {} µs, p99 {} µs",
+            self.searches,
+            self.failed,
+            self.unscored,
+            self.recall_at_k.describe(),
+            self.overlap_at_k.describe(),
+            self.hits_mean,
+            self.merge_us_p50,
+            self.merge_us_p99,
+        )
+    }
+}
+
 fn ids(hits: &[Hit]) -> HashSet<u64> {
     hits.iter().map(|h| h.id).collect()
 }

@@ -295,18 +295,7 @@ fn merge_line(merge: &MergeFigures, variant: &VariantFigures) -> String {
             variant.partial_searches as f64 / n as f64
         ),
     };
-    format!(
-        "  merges scored {} (failed {}, past the bound {}): recall@k {}, overlap@k with the \
-         baseline {}, hits {:.2}, merge p50 {} µs, p99 {} µs{partial}",
-        merge.searches,
-        merge.failed,
-        merge.unscored,
-        merge.recall_at_k.describe(),
-        merge.overlap_at_k.describe(),
-        merge.hits_mean,
-        merge.merge_us_p50,
-        merge.merge_us_p99,
-    )
+    format!("  {}{partial}", merge.line())
 }
 
 fn text(report: &ExperimentReport) -> String {

@@ -4,10 +4,12 @@
 //! the wall time goes to stderr.
 
 use anyhow::Context;
+use sluice::replay::merges::{self, MergeVariant};
 use sluice::replay::report::{SimReport, VariantReport};
 use sluice::replay::{
     self, PolicyChoice, ReplayOptions, ServiceModel, Trace, Variant, WorkerSpec, svg,
 };
+use sluice::trace::TraceReader;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -65,9 +67,64 @@ pub struct SimArgs {
     /// Refuse a trace of more tasks (a million take about 60 MB per run).
     #[arg(long, default_value_t = 5_000_000)]
     max_tasks: usize,
+    /// Instead of a replay, compare merge strategies over the trace's recorded searches
+    /// (`sluice trace export --with-hits`): NAME=builtin:NAME[?name=value&...] or
+    /// NAME=FILE.wasm[?...], once per variant (1 to 8), the first the baseline. Prints each
+    /// one's recall@k against the exact merge of the same hits, as a merge experiment's report
+    /// does (`--json`: the figures).
+    #[arg(long = "merge", value_name = "NAME=COMPONENT")]
+    merges: Vec<String>,
+    /// With --merge: print the figures as JSON.
+    #[arg(long, requires = "merges")]
+    json: bool,
+}
+
+/// `--merge`: every recorded search merged by each variant, and their figures.
+fn compare_merges(args: &SimArgs) -> anyhow::Result<()> {
+    let variants = args
+        .merges
+        .iter()
+        .map(|text| Ok(text.parse::<MergeVariant>()?))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let file = std::fs::File::open(&args.trace)
+        .with_context(|| format!("cannot open {}", args.trace.display()))?;
+    let reader = TraceReader::new(std::io::BufReader::new(file));
+    let compared = merges::compare(reader.take(args.max_tasks), &variants)
+        .with_context(|| format!("cannot compare merges over {}", args.trace.display()))?;
+    if compared.searches == 0 {
+        anyhow::bail!(
+            "{} holds no recorded search: export it with `sluice trace export --with-hits`",
+            args.trace.display()
+        );
+    }
+    if args.json {
+        let figures: serde_json::Map<String, serde_json::Value> = compared
+            .variants
+            .iter()
+            .map(|(name, figures)| Ok((name.clone(), serde_json::to_value(figures)?)))
+            .collect::<anyhow::Result<_>>()?;
+        outln!("{}", serde_json::to_string_pretty(&figures)?)?;
+        return Ok(());
+    }
+    outln!(
+        "{} recorded searches merged by {} variant(s) ({} other tasks left out)",
+        compared.searches,
+        variants.len(),
+        compared.other_tasks
+    )?;
+    for (name, figures) in &compared.variants {
+        outln!("\nvariant {name}:\n  {}", figures.line())?;
+        if let Some(verdict) = &figures.verdict {
+            outln!("verdict: {verdict}")?;
+        }
+    }
+    Ok(())
 }
 
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
+    if !args.merges.is_empty() {
+        return compare_merges(&args);
+    }
     if args
         .preempt_after_ms
         .is_some_and(|ms| !(100..=86_400_000).contains(&ms))

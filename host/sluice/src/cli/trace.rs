@@ -3,7 +3,7 @@
 
 use super::tasks::ServerArg;
 use anyhow::Context;
-use sluice::trace::export::{EventFold, export};
+use sluice::trace::export::{DEFAULT_MAX_HITS_BYTES, EventFold, export};
 use sluice::trace::generate::{Shape, generate};
 use sluice::trace::import::{Columns, TimeUnit, import};
 use sluice::trace::{TraceTask, write_task};
@@ -56,6 +56,14 @@ pub enum TraceCommand {
         max_tasks: usize,
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Record each completed split search's children's hits (`search` in its line), for
+        /// `sluice sim --merge`
+        #[arg(long)]
+        with_hits: bool,
+        /// With --with-hits: write at most about this many bytes of hits (about 40 a hit);
+        /// the searches past it are exported without them
+        #[arg(long, default_value_t = DEFAULT_MAX_HITS_BYTES, requires = "with_hits")]
+        max_hits_bytes: usize,
     },
 }
 
@@ -95,7 +103,12 @@ pub async fn run(command: TraceCommand) -> anyhow::Result<()> {
             server,
             max_tasks,
             out,
-        } => export_trace(&server, max_tasks, out.as_deref()).await,
+            with_hits,
+            max_hits_bytes,
+        } => {
+            let hits = with_hits.then_some(max_hits_bytes);
+            export_trace(&server, max_tasks, out.as_deref(), hits).await
+        }
     }
 }
 
@@ -104,6 +117,7 @@ async fn export_trace(
     server: &ServerArg,
     max_tasks: usize,
     out: Option<&Path>,
+    max_hits_bytes: Option<usize>,
 ) -> anyhow::Result<()> {
     let client = server.client()?;
     let mut tasks: Vec<Task> = Vec::new();
@@ -137,12 +151,18 @@ async fn export_trace(
             fold.add(event);
         }
     }
-    let (trace, skipped) = export(tasks, &fold);
+    let (trace, skipped) = export(tasks, &fold, max_hits_bytes);
     eprintln!(
-        "exported {} tasks; left out {} not ended or never run and {} split children",
+        "exported {} tasks ({} searches with their hits); left out {} not ended or never run \
+         and {} split children{}",
         trace.len(),
+        trace.iter().filter(|t| t.search.is_some()).count(),
         skipped.unfinished_or_never_ran,
-        skipped.split_children
+        skipped.split_children,
+        match (max_hits_bytes, skipped.searches_without_hits) {
+            (Some(_), n) if n > 0 => format!("; {n} searches without hits (past the cap)"),
+            _ => String::new(),
+        }
     );
     write_trace(out, trace)
 }

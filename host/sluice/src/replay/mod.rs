@@ -4,6 +4,7 @@
 //! scripts, at a drawn rate, or by crashing), and the figures a comparison needs. Time jumps
 //! from one thing due to the next; nothing sleeps, and the seed fixes every draw.
 
+pub mod merges;
 pub mod report;
 mod service;
 mod sim_worker;

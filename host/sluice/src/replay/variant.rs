@@ -89,7 +89,7 @@ impl fmt::Display for PolicyChoice {
 }
 
 impl PolicyChoice {
-    fn bytes(&self) -> Result<Vec<u8>, ReplayError> {
+    pub(super) fn bytes(&self) -> Result<Vec<u8>, ReplayError> {
         match &self.source {
             ComponentSource::Builtin(name) => Ok(defaults::by_name(name)
                 .map(<[u8]>::to_vec)
@@ -140,9 +140,10 @@ impl Variant {
                         detail: format!(
                             "`sluice sim` replays dispatch (priority, aging and retry) and \
                              splits no task, so a {} policy would change nothing here: compare \
-                             merge strategies by recall with a live or shadow experiment on a \
-                             server (`sluice experiment start --kind merge`), split strategies \
-                             with a shadow one (docs/simulation.md)",
+                             merge strategies by recall over recorded searches with `sluice sim \
+                             --merge` (a trace from `sluice trace export --with-hits`) or with an \
+                             experiment on a server (`sluice experiment start --kind merge`), \
+                             split strategies with a shadow one (docs/simulation.md)",
                             choice.kind
                         ),
                     });

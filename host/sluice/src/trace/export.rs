@@ -1,9 +1,10 @@
 //! A trace from what a server recorded (`sluice trace export`): each ended task's submission
 //! from its record, its service time and failed attempts from its events. The event log is the
-//! truth of when things happened; the task record says what was submitted.
+//! truth of when things happened; the task record says what was submitted. With hits, a split
+//! search also carries what each of its children answered, from the children's records.
 
-use super::{MAX_FAILURES, MAX_SERVICE_MS, TraceTask};
-use sluice_model::{Event, FailureClass, State, Task, TaskIdMap};
+use super::{MAX_FAILURES, MAX_SERVICE_MS, RecordedChild, RecordedSearch, TraceTask};
+use sluice_model::{Event, FailureClass, Family, ShardAnswer, State, Task, TaskIdMap};
 
 /// What the events say of one task's attempts.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -72,24 +73,73 @@ pub struct Skipped {
     pub unfinished_or_never_ran: u64,
     /// Children of a split: their parent is the submission.
     pub split_children: u64,
+    /// Searches exported without their hits: past the byte cap, or a child's record gone.
+    pub searches_without_hits: u64,
+}
+
+/// The bytes of hits an export writes at most (about 40 per hit, as JSON), so a server's
+/// whole history cannot make a trace of unbounded size.
+pub const DEFAULT_MAX_HITS_BYTES: usize = 64 << 20;
+
+/// What one hit takes in a trace line, about: `{"id":123456,"distance":12.345678},`.
+const HIT_BYTES: usize = 40;
+
+/// The hits a search's children answered, if every child's record is at hand.
+fn recorded(family: Option<&Family>, children: &TaskIdMap<ShardAnswer>) -> Option<RecordedSearch> {
+    let family = family?;
+    let mut recorded = Vec::with_capacity(family.parts.len());
+    for part in &family.parts {
+        recorded.push(RecordedChild {
+            weight: part.weight,
+            hits: children.get(&part.task)?.hits.clone(),
+        });
+    }
+    Some(RecordedSearch {
+        k: family.k,
+        children: recorded,
+    })
 }
 
 /// The trace of `tasks` (in any order) as `fold` saw them: the ended ones that ran, sorted by
-/// creation, times relative to the first.
-pub fn export(tasks: Vec<Task>, fold: &EventFold) -> (Vec<TraceTask>, Skipped) {
+/// creation, times relative to the first. With `max_hits_bytes`, each completed split search
+/// carries its children's hits (a child that did not answer, none), until about that many
+/// bytes of hits are written.
+pub fn export(
+    tasks: Vec<Task>,
+    fold: &EventFold,
+    max_hits_bytes: Option<usize>,
+) -> (Vec<TraceTask>, Skipped) {
     let mut skipped = Skipped::default();
     let mut rows = Vec::new();
-    for task in tasks {
-        if task.parent.is_some() {
-            skipped.split_children += 1;
-            continue;
+    // Each child's answer (empty for one that did not complete), by its id.
+    let mut answers: TaskIdMap<ShardAnswer> = TaskIdMap::default();
+    let mut hits_budget = max_hits_bytes.unwrap_or(0);
+    let (parents, children): (Vec<Task>, Vec<Task>) =
+        tasks.into_iter().partition(|t| t.parent.is_none());
+    skipped.split_children = children.len() as u64;
+    if max_hits_bytes.is_some() {
+        for child in children {
+            let answer = match (&child.state, child.result) {
+                (State::Completed, Some(result)) => {
+                    serde_json::from_value(result).unwrap_or_default()
+                }
+                _ => ShardAnswer::default(),
+            };
+            answers.insert(child.id, answer);
         }
+    }
+    for task in parents {
         let Some(attempts) = fold.tasks.get(&task.id) else {
             skipped.unfinished_or_never_ran += 1;
             continue;
         };
-        let (Some((ended_ms, end)), Some(claimed_ms)) = (attempts.ended, attempts.claimed_ms)
-        else {
+        // A split search is never claimed: its children are. Its service time runs from its
+        // creation to its merge.
+        let claimed_ms = match &task.family {
+            Some(_) => attempts.created_ms,
+            None => attempts.claimed_ms,
+        };
+        let (Some((ended_ms, end)), Some(claimed_ms)) = (attempts.ended, claimed_ms) else {
             skipped.unfinished_or_never_ran += 1;
             continue;
         };
@@ -103,6 +153,7 @@ pub fn export(tasks: Vec<Task>, fold: &EventFold) -> (Vec<TraceTask>, Skipped) {
             created_ms,
             ended_ms.saturating_sub(ran_from_ms).min(MAX_SERVICE_MS),
         );
+        let family = task.family;
         row.priority = task.priority;
         row.kind = task.kind;
         row.tenant = task.tenant;
@@ -111,6 +162,23 @@ pub fn export(tasks: Vec<Task>, fold: &EventFold) -> (Vec<TraceTask>, Skipped) {
         row.gpu_memory_mb = task.resources.gpu_memory_mb;
         row.model = task.resources.model;
         row.failures = attempts.failures.clone();
+        if max_hits_bytes.is_some() && family.is_some() && end == State::Completed {
+            row.search = recorded(family.as_ref(), &answers).filter(|search| {
+                let bytes: usize = search
+                    .children
+                    .iter()
+                    .map(|c| c.hits.len() * HIT_BYTES)
+                    .sum();
+                let fits = bytes <= hits_budget;
+                if fits {
+                    hits_budget -= bytes;
+                }
+                fits
+            });
+            if row.search.is_none() {
+                skipped.searches_without_hits += 1;
+            }
+        }
         rows.push((created_ms, task.id, row));
     }
     // Creation order, ids breaking ties (ids grow with arrival).

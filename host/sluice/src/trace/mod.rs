@@ -8,11 +8,14 @@ pub mod generate;
 pub mod import;
 
 use serde::{Deserialize, Serialize};
-use sluice_model::{FailureClass, Priority};
+use sluice_model::{FailureClass, Hit, Priority, VECTOR_MAX_K};
 use std::io::{BufRead, Write};
 
-/// The longest line a trace may have: a task is a few hundred bytes.
-pub const MAX_LINE_BYTES: usize = 64 * 1024;
+/// The longest line a trace may have: a task is a few hundred bytes, a search with its
+/// children's hits (`--with-hits`) up to about 40 bytes a hit.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+/// The most children a recorded search may have.
+pub const MAX_RECORDED_CHILDREN: usize = 1_024;
 /// The most failed attempts one task may script.
 pub const MAX_FAILURES: usize = 16;
 /// The longest service time a task may have: a day.
@@ -52,6 +55,55 @@ pub struct TraceTask {
     /// How its first attempts fail, in order; the attempt after the last one listed succeeds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<FailureClass>,
+    /// A split search's children's answers (`sluice trace export --with-hits`): what
+    /// `sluice sim --merge` merges again. A replay runs the task whole and ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<RecordedSearch>,
+}
+
+/// What the children of one split search answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordedSearch {
+    /// Hits the search asked for.
+    pub k: u32,
+    pub children: Vec<RecordedChild>,
+}
+
+/// One child: its weight in a weighted merge and its hits, nearest first (none when it did
+/// not answer).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordedChild {
+    pub weight: f32,
+    #[serde(default)]
+    pub hits: Vec<Hit>,
+}
+
+impl RecordedSearch {
+    fn problem(&self) -> Option<String> {
+        if self.k == 0 || self.k > VECTOR_MAX_K {
+            return Some(format!("search.k must be 1 to {VECTOR_MAX_K}"));
+        }
+        if self.children.len() > MAX_RECORDED_CHILDREN {
+            return Some(format!(
+                "search has {} children; at most {MAX_RECORDED_CHILDREN}",
+                self.children.len()
+            ));
+        }
+        for child in &self.children {
+            if !child.weight.is_finite() || child.weight < 0.0 {
+                return Some("a child's weight must be finite and not negative".into());
+            }
+            if child.hits.len() > VECTOR_MAX_K as usize {
+                return Some(format!("a child has more than {VECTOR_MAX_K} hits"));
+            }
+            if child.hits.iter().any(|h| !h.distance.is_finite()) {
+                return Some("a hit's distance must be finite".into());
+            }
+        }
+        None
+    }
 }
 
 fn default_kind() -> String {
@@ -85,6 +137,7 @@ impl TraceTask {
             gpu_memory_mb: 0,
             model: None,
             failures: Vec::new(),
+            search: None,
         }
     }
 
@@ -108,6 +161,9 @@ impl TraceTask {
             .map(|model| sluice_model::check_name("model", model))
         {
             return Some(error.to_string());
+        }
+        if let Some(problem) = self.search.as_ref().and_then(RecordedSearch::problem) {
+            return Some(problem);
         }
         if self.failures.contains(&FailureClass::LeaseExpired) {
             return Some("lease-expired is the scheduler's to set, not a trace's".into());

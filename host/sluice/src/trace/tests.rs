@@ -299,7 +299,7 @@ fn an_export_holds_each_ended_tasks_submission_service_time_and_failed_attempts(
         fold.add(event);
     }
     let tasks: Vec<sluice_model::Task> = driver.store().tasks().cloned().collect();
-    let (trace, skipped) = export(tasks, &fold);
+    let (trace, skipped) = export(tasks, &fold, None);
     assert_eq!(
         skipped.unfinished_or_never_ran, 1,
         "{never_run} is still queued"
@@ -324,4 +324,40 @@ fn an_export_holds_each_ended_tasks_submission_service_time_and_failed_attempts(
         Some(FailureClass::InvalidInput)
     );
     assert_eq!(failure_class("promoted low → normal"), None);
+}
+
+#[test]
+fn a_recorded_search_reads_back_and_a_bad_one_names_its_line() {
+    let mut task = TraceTask::at(0, 20);
+    task.kind = "vector.search".into();
+    task.search = Some(super::RecordedSearch {
+        k: 2,
+        children: vec![
+            super::RecordedChild {
+                weight: 1.0,
+                hits: vec![sluice_model::Hit {
+                    id: 7,
+                    distance: 0.5,
+                }],
+            },
+            super::RecordedChild {
+                weight: 0.5,
+                hits: Vec::new(),
+            },
+        ],
+    });
+    let bytes = written(std::slice::from_ref(&task));
+    assert_eq!(read_all(&bytes).unwrap(), [task]);
+    for (bad, says) in [
+        (r#"{"k": 0, "children": []}"#, "search.k"),
+        (
+            r#"{"k": 2, "children": [{"weight": -1, "hits": []}]}"#,
+            "weight",
+        ),
+        (r#"{"k": 2, "children": [], "extra": 1}"#, "unknown field"),
+    ] {
+        let line = format!(r#"{{"submit_ms": 0, "service_ms": 1, "search": {bad}}}"#);
+        let error = read_all(line.as_bytes()).unwrap_err().to_string();
+        assert!(error.contains("line 1") && error.contains(says), "{error}");
+    }
 }
