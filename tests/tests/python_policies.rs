@@ -1,6 +1,7 @@
 //! Policies in a second language: the Python examples in `policies/examples/python` (a retry
 //! and an aging policy on the SDK module beside them) built with componentize-py, checked
-//! with `sluice policy check`, uploaded, activated and seen deciding on a real server; and
+//! with `sluice policy check`, uploaded, activated and seen deciding on a real server; a split
+//! policy that is told the collection's layout, through the runtime; and
 //! `sluice policy new --lang python` writes a project that builds and checks.
 //!
 //! componentize-py comes from PyPI (`.ci/run` installs it). Without it these tests say so and
@@ -234,4 +235,72 @@ fn policy_new_writes_a_python_project_that_builds_and_checks() {
     );
     assert!(!merge.status.success());
     assert!(String::from_utf8_lossy(&merge.stderr).contains("in rust"));
+}
+
+/// A split policy in Python sees the collection's layout through `split-layout` (its live
+/// shards), passes conformance, and answers 0.1.0's `split` too, without the layout.
+#[test]
+fn a_python_split_policy_sees_the_collections_layout() {
+    use sluice_policy_runtime::bindings::split::sluice::policy::types::{
+        Bucket, TaskMeta, TaskView,
+    };
+    use sluice_policy_runtime::bindings::split_layout::{Layout, ShardFilter, SplitRequest};
+    use sluice_policy_runtime::{Conformance, Kind, PolicyRuntime, RuntimeOptions, SplitInstance};
+    let Some(componentize_py) = componentize_py() else {
+        eprintln!("SKIPPED: no componentize-py (pip install componentize-py)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = build_example(
+        &componentize_py,
+        "split-live-shards",
+        "split-layout-policy",
+        dir.path(),
+    );
+    let runtime = std::sync::Arc::new(PolicyRuntime::new(RuntimeOptions::default()).unwrap());
+    let compiled = runtime
+        .compile(Kind::Split, &std::fs::read(&file).unwrap())
+        .unwrap();
+    let mut split = SplitInstance::new(runtime, &compiled, b"").unwrap();
+    split.conformance().unwrap();
+    let request = |live: Vec<u32>| SplitRequest {
+        task: TaskMeta {
+            view: TaskView {
+                seq: 1,
+                tenant: 0,
+                kind: 0,
+                bucket: Bucket::Normal,
+                submitted_bucket: Bucket::Normal,
+                created_ms: 0,
+                bucket_since_ms: 0,
+                attempt: 0,
+                est_exec_ms: 0,
+            },
+            kind_name: "vector.search".into(),
+            tenant_name: "t".into(),
+            device: "d".into(),
+            labels: Vec::new(),
+        },
+        vector: vec![0.5; 4],
+        k: 10,
+        nprobe: 0,
+        layout: Layout {
+            collection: "docs".into(),
+            dim: 4,
+            shards: 4,
+            live,
+        },
+    };
+    let children = split.split(&request(vec![0, 2, 3])).unwrap().unwrap();
+    let shards: Vec<ShardFilter> = children.into_iter().map(|c| c.filter).collect();
+    assert_eq!(
+        shards,
+        [
+            ShardFilter::Shard(0),
+            ShardFilter::Shard(2),
+            ShardFilter::Shard(3)
+        ]
+    );
+    let refused = split.split(&request(Vec::new())).unwrap().unwrap_err();
+    assert!(refused.contains("collection `docs`"), "{refused}");
 }

@@ -192,3 +192,81 @@ class AgingPolicy(_Configured):
 
         to = self.promote(now_ms, Task.unpack(task))
         return None if to is None else Bucket(to)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The collection a split's query searches: its shards (0 to `shards` - 1; 0 from a host
+    that gives no layout) and those with a live worker now."""
+
+    collection: str
+    dim: int
+    shards: int
+    live: Tuple[int, ...]
+
+
+class Refuse(Exception):
+    """Raised by `children` to refuse the split, with the reason the device is told."""
+
+
+def shard(index: int):
+    """A child that searches stored shard `index` whole."""
+    return ("shard", index)
+
+
+def id_range(low: int, high: int):
+    """A child that searches ids in [low, high)."""
+    return ("id_range", (low, high))
+
+
+def id_hash(bucket: int, of: int):
+    """A child that searches ids whose hash modulo `of` is `bucket`."""
+    return ("id_hash", (bucket, of))
+
+
+def centroids(lists: List[int]):
+    """A child that searches the listed IVF lists."""
+    return ("centroids", list(lists))
+
+
+class SplitPolicy(_Configured):
+    """Implement `children(vector, k, nprobe, layout) -> [(filter, weight), ...]`, a filter
+    being `shard(i)`, `id_range(lo, hi)`, `id_hash(b, of)` or `centroids([...])`; raise
+    `Refuse(reason)` to refuse. This class answers 0.1.0's `split` export (with no layout);
+    beside it the app declares `class SplitLayout(sp.SplitLayoutPolicy, exports.SplitLayout)`
+    with `POLICY` set to its split class, which answers `split-layout`."""
+
+    def children(self, vector: List[float], k: int, nprobe: int, layout: Layout):
+        raise NotImplementedError
+
+    def answer(self, module, vector, k: int, nprobe: int, layout: Layout):
+        try:
+            chosen = self.children(list(vector), k, nprobe, layout)
+        except Refuse as why:
+            raise Err(str(why))
+        cases = {
+            "shard": module.ShardFilter_Shard,
+            "id_range": module.ShardFilter_IdRange,
+            "id_hash": module.ShardFilter_IdHash,
+            "centroids": module.ShardFilter_Centroids,
+        }
+        return [module.Subtask(cases[kind](value), float(weight)) for (kind, value), weight in chosen]
+
+    def split(self, request):
+        from wit_world.exports import split as module
+
+        unknown = Layout("", len(request.vector), 0, ())
+        return self.answer(module, request.vector, request.k, request.nprobe, unknown)
+
+
+class SplitLayoutPolicy:
+    """The `split-layout` export: the same policy (`POLICY`), told the collection's layout."""
+
+    POLICY: ClassVar[type]
+
+    def split(self, request):
+        from wit_world.exports import split_layout as module
+
+        given = request.layout
+        layout = Layout(given.collection, given.dim, given.shards, tuple(given.live))
+        return self.POLICY().answer(module, request.vector, request.k, request.nprobe, layout)
