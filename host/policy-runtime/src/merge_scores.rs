@@ -179,7 +179,8 @@ impl MergeScores {
     /// the same figures in any experiment (live or shadow) and in any order.
     pub fn figures(&self, names: &[&str]) -> Option<Vec<MergeFigures>> {
         const SEED: u64 = 0x6d65_7267_6521;
-        let rows = self.rows.lock().unwrap_or_else(|p| p.into_inner());
+        // A copy, so the writer's scoring never waits on a report's bootstrap.
+        let rows = self.rows.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if rows.is_empty() {
             return None;
         }
