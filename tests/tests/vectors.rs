@@ -33,8 +33,13 @@ fn dataset() -> Vec<f32> {
 
 /// (id, squared L2 distance) of the `k` nearest rows, by distance then id.
 fn exact(data: &[f32], query: &[f32], k: usize) -> Vec<(u64, f32)> {
+    exact_of(data, DIM, query, k)
+}
+
+/// `exact` over rows of `dim` numbers.
+fn exact_of(data: &[f32], dim: usize, query: &[f32], k: usize) -> Vec<(u64, f32)> {
     let mut all: Vec<(u64, f32)> = data
-        .chunks_exact(DIM)
+        .chunks_exact(dim)
         .enumerate()
         .map(|(row, v)| {
             let d: f32 = query.iter().zip(v).map(|(a, b)| (a - b) * (a - b)).sum();
@@ -419,26 +424,50 @@ async fn bad_queries_and_refused_splits_create_nothing_and_a_cancelled_parent_ca
     assert_eq!(before, 3);
 }
 
+/// The UCI handwritten digits (1,797 × 64, from smartcore): real vectors, with the many equal
+/// distances of integer pixels, which the merge must break by id as brute force does.
+fn digits() -> (usize, Vec<f32>) {
+    let set = smartcore::dataset::digits::load_dataset();
+    assert_eq!((set.num_samples, set.num_features), (1797, 64));
+    (set.num_features, set.data)
+}
+
 /// The acceptance of issue 47's first item: four shard workers started as the docs say (the
-/// last one after the others), no split configuration, and every search answers from all four
-/// shards; a killed worker's shard is named missing, with coverage measured by data.
+/// last one after the others) over a real set, no split configuration, and every search
+/// answers from all four shards; a killed worker's shard is named missing, with coverage
+/// measured by data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_shard_workers_with_no_split_setting_are_all_searched_and_a_dead_one_is_named() {
-    let (_dir, data, file, server) = start(&TestStore::Sled, &["--worker-stale-ms", "3000"]);
+    let (dim, data) = digits();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("digits.npy");
+    write_npy(&file, dim, &data);
+    let server = TestStore::Sled.start_with(&dir.path().join("db"), &["--worker-stale-ms", "3000"]);
     let client = http();
     let mut workers: Vec<Worker> = (0..3)
         .map(|i| shard_worker(&server, &file, i, 4, &[]))
         .collect();
     let three = live_shards(&client, &server, "default", 3).await;
-    assert_eq!(three["shards"], 4, "{three}");
+    assert_eq!(
+        (&three["shards"], &three["dim"]),
+        (&json!(4), &json!(64)),
+        "{three}"
+    );
     assert_eq!(three["declared"], false);
     workers.push(shard_worker(&server, &file, 3, 4, &[]));
     live_shards(&client, &server, "default", 4).await;
+    // Shard I holds rows [I·1797/4, (I+1)·1797/4): 0, 449, 898, 1347, 1797.
+    let query_near = |row: usize| -> Vec<f32> {
+        data[row * dim..(row + 1) * dim]
+            .iter()
+            .map(|x| x + 0.25)
+            .collect()
+    };
 
     let mut recalled = 0;
-    let rows = [0, 41, 150, 151, 299, 300, 449, 450, 598, 599];
+    let rows = [0, 41, 448, 449, 897, 898, 1346, 1347, 1700, 1796];
     for row in rows {
-        let query = query_vector(&data, row);
+        let query = query_near(row);
         let id = submit(&client, &server, json!({"vector": query, "k": K})).await;
         let parent = ended(&client, &server, &id).await;
         let result = &parent["result"];
@@ -450,7 +479,10 @@ async fn four_shard_workers_with_no_split_setting_are_all_searched_and_a_dead_on
             (&result["collection"], &result["metric"]),
             (&json!("default"), &json!("l2"))
         );
-        let expected: Vec<u64> = exact(&data, &query, K).iter().map(|h| h.0).collect();
+        let expected: Vec<u64> = exact_of(&data, dim, &query, K)
+            .iter()
+            .map(|h| h.0)
+            .collect();
         let got = hit_ids(result);
         recalled += got.iter().filter(|id| expected.contains(id)).count();
         assert_eq!(got, expected, "query near row {row}");
@@ -482,7 +514,7 @@ async fn four_shard_workers_with_no_split_setting_are_all_searched_and_a_dead_on
     // Shard 2's worker dies: once its heartbeat is stale, searches leave shard 2 out and say so.
     workers.remove(2).kill9();
     live_shards(&client, &server, "default", 3).await;
-    let query = query_vector(&data, 320);
+    let query = query_near(1000);
     let id = submit(&client, &server, json!({"vector": query, "k": K})).await;
     let partial = ended(&client, &server, &id).await;
     assert_eq!(partial["state"], "completed", "{partial:?}");
@@ -496,15 +528,15 @@ async fn four_shard_workers_with_no_split_setting_are_all_searched_and_a_dead_on
         missing[0].as_str().unwrap().starts_with("shard 2 ("),
         "{missing:?}"
     );
-    // Exactly what shards 0, 1 and 3 hold: every row but 300..450.
+    // Exactly what shards 0, 1 and 3 hold: every row but 898..1347.
     let kept: Vec<f32> = data
-        .chunks_exact(DIM)
+        .chunks_exact(dim)
         .enumerate()
-        .filter(|(row, _)| !(300..450).contains(row))
+        .filter(|(row, _)| !(898..1347).contains(row))
         .flat_map(|(_, v)| v.iter().copied())
         .collect();
-    let renumber = |i: u64| if i >= 300 { i + 150 } else { i };
-    let expected: Vec<u64> = exact(&kept, &query, K)
+    let renumber = |i: u64| if i >= 898 { i + 449 } else { i };
+    let expected: Vec<u64> = exact_of(&kept, dim, &query, K)
         .iter()
         .map(|h| renumber(h.0))
         .collect();
