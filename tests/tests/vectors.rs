@@ -661,6 +661,13 @@ async fn merge_experiments_live_and_in_shadow_are_judged_by_recall_on_the_same_s
         .map(|v| live["variants"][v]["searches"].as_u64().unwrap())
         .sum();
     assert_eq!(searches, 200);
+    let tasks: u64 = (0..2)
+        .map(|v| live["variants"][v]["tasks"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        tasks, 200,
+        "a merge experiment counts searches, not their children"
+    );
 
     // The same 200 searches offline: exported with their children's hits, merged again by the
     // same two components, the same figures.

@@ -155,8 +155,9 @@ pub fn report<E>(
             }
             examined += page.tasks.len();
             for task in &page.tasks {
-                // A search's children carry its tags; a merge experiment counts searches.
-                if experiment.kind == PolicyKind::Merge && task.parent.is_some() {
+                // A merge experiment counts searches: not their children (which carry their
+                // tags), nor the other tasks admitted while it ran.
+                if experiment.kind == PolicyKind::Merge && task.family.is_none() {
                     continue;
                 }
                 if let Some(tag) = task.variant(experiment.kind)
