@@ -28,7 +28,8 @@ pub const MAX_SCORED_SEARCHES: usize = 5_000;
 struct Score {
     /// Share of the exact top-k it answered.
     recall: f32,
-    /// Share of the baseline variant's answer it shares (1 when both are empty).
+    /// Ids it shares with the baseline variant's answer, over the larger of the two answers
+    /// (1 when both are empty; 0 when the baseline could not merge).
     overlap: f32,
     hits: u32,
     merge_us: u32,
@@ -54,7 +55,7 @@ pub struct MergeFigures {
     /// The share of the exact top-k of the same hits it answered, averaged over searches.
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub recall_at_k: MeanFigure,
-    /// The share of the baseline (first) variant's answer it shares, averaged.
+    /// Ids shared with the baseline (first) variant's answer over the larger answer, averaged.
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub overlap_at_k: MeanFigure,
     /// Hits per answer, averaged.
