@@ -3,17 +3,33 @@
 
 use super::{Engine, from_bucket};
 use policy_packed::View;
-use sluice_model::{Actor, Change, Priority, State, Task, TaskId, VariantTag};
+use sluice_model::{Actor, Change, Priority, State, Task, TaskId, TaskNames, VariantTag};
+use std::sync::Arc;
+
+/// What the aging policy is shown of one waiting task.
+#[derive(Clone, Debug)]
+pub struct AgingView {
+    pub id: TaskId,
+    pub view: View,
+    /// Its variant of a live aging experiment, if any.
+    pub variant: Option<VariantTag>,
+    pub names: Arc<TaskNames>,
+}
 
 impl Engine {
     /// The first `per_bucket` tasks in line in the normal and low buckets, with their views
     /// and aging variants. Bounded, so a tick costs the same with a million tasks waiting;
     /// the first in line are the ones that have waited longest.
-    pub fn aging_views(&self, per_bucket: usize) -> Vec<(TaskId, View, Option<VariantTag>)> {
+    pub fn aging_views(&self, per_bucket: usize) -> Vec<AgingView> {
         [Priority::Normal, Priority::Low]
             .into_iter()
             .flat_map(|bucket| self.queues.iter(bucket).take(per_bucket))
-            .map(|waiting| (waiting.id, waiting.view, waiting.aging_variant))
+            .map(|waiting| AgingView {
+                id: waiting.id,
+                view: waiting.view,
+                variant: waiting.aging_variant,
+                names: Arc::clone(&waiting.names),
+            })
             .collect()
     }
 

@@ -6,7 +6,7 @@
 
 use super::{DEFAULT_BUCKET_WEIGHTS, RetryDecision};
 use policy_packed::{Bucket, Decision, Failure, Hit, View};
-use sluice_model::{Admission, ShardFilter, TaskSpec, VariantTag, VectorQuery};
+use sluice_model::{Admission, NamesRef, ShardFilter, TaskSpec, VariantTag, VectorQuery};
 
 /// An answer and the policy version that gave it (none for the host's own rule).
 #[derive(Clone, Debug, PartialEq)]
@@ -27,15 +27,22 @@ pub trait Decide: Send + Sync + 'static {
         Vec::new()
     }
     /// The index in `waiting` and the new bucket of each task to promote. `variant`: the
-    /// live aging experiment's variant these tasks were all assigned, if any.
+    /// live aging experiment's variant these tasks were all assigned, if any; `names[i]`:
+    /// the names of task i.
     fn age(
         &self,
         now_ms: u64,
         variant: Option<VariantTag>,
         waiting: &[View],
+        names: &[NamesRef<'_>],
     ) -> Decided<Vec<(u32, Bucket)>>;
-    /// One decision per failure, in order.
-    fn retry(&self, now_ms: u64, failures: &[Failure]) -> Decided<Vec<RetryDecision>>;
+    /// One decision per failure, in order; `names[i]`: the names of failure i's task.
+    fn retry(
+        &self,
+        now_ms: u64,
+        failures: &[Failure],
+        names: &[NamesRef<'_>],
+    ) -> Decided<Vec<RetryDecision>>;
     /// The children of a task to split: the part each covers and its weight, or the
     /// policy's reason to refuse. `Err` when no policy version could answer at all.
     fn split(&self, now_ms: u64, input: &SplitInput) -> Result<Decided<SplitAnswer>, String>;
@@ -139,6 +146,7 @@ impl Decide for NativeDecider {
         now_ms: u64,
         _variant: Option<VariantTag>,
         waiting: &[View],
+        _names: &[NamesRef<'_>],
     ) -> Decided<Vec<(u32, Bucket)>> {
         Decided {
             answer: self.aging.age(now_ms, waiting),
@@ -146,7 +154,12 @@ impl Decide for NativeDecider {
         }
     }
 
-    fn retry(&self, _now_ms: u64, failures: &[Failure]) -> Decided<Vec<RetryDecision>> {
+    fn retry(
+        &self,
+        _now_ms: u64,
+        failures: &[Failure],
+        _names: &[NamesRef<'_>],
+    ) -> Decided<Vec<RetryDecision>> {
         Decided {
             answer: failures.iter().map(|f| self.retry_decision(f)).collect(),
             version: None,

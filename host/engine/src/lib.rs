@@ -17,6 +17,7 @@
 //! for simulations, replays and the tests of scheduling behaviour.
 
 mod aging;
+pub use aging::AgingView;
 mod breaker;
 mod callbacks;
 mod claims;

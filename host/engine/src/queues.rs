@@ -10,8 +10,9 @@
 //! behind a flood that came before it nor ahead with credit saved while it had nothing to run.
 
 pub use sluice_model::QueueEntry as Waiting;
-use sluice_model::{Priority, TaskId, TaskIdMap};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use sluice_model::{Priority, TaskId, TaskIdMap, TaskNames};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 /// A tenant's pass moves on by this over its weight at each claim: divisible by every weight
 /// up to 16 and large enough that rounding is far below a task for any weight allowed.
@@ -107,6 +108,38 @@ pub struct BucketQueues {
     entries: Vec<Waiting>,
     /// Where each waiting task is in `entries`.
     places: TaskIdMap<u32>,
+    names: Interned,
+}
+
+/// One shared `TaskNames` per distinct names among the waiting tasks: entries come from the
+/// store and the admission step each with their own, and a million waiting tasks of a few
+/// hundred devices should hold a few hundred.
+#[derive(Debug, Default)]
+struct Interned {
+    set: HashSet<Arc<TaskNames>>,
+    /// How many were held after the last sweep: the next sweep comes when the set doubles.
+    after_sweep: usize,
+}
+
+/// Below this many held names, no sweep: a sweep costs a pass over them all.
+const NAMES_SWEPT_FROM: usize = 1_024;
+
+impl Interned {
+    fn share(&mut self, names: &mut Arc<TaskNames>) {
+        if let Some(shared) = self.set.get(names) {
+            if !Arc::ptr_eq(shared, names) {
+                *names = Arc::clone(shared);
+            }
+            return;
+        }
+        // Bounded by twice the distinct names still waiting: the set's own reference is the
+        // only one left to names no entry holds.
+        if self.set.len() >= 2 * self.after_sweep.max(NAMES_SWEPT_FROM) {
+            self.set.retain(|held| Arc::strong_count(held) > 1);
+            self.after_sweep = self.set.len();
+        }
+        self.set.insert(Arc::clone(names));
+    }
 }
 
 impl BucketQueues {
@@ -121,6 +154,9 @@ impl BucketQueues {
             return;
         }
         self.entries = entries;
+        for entry in &mut self.entries {
+            self.names.share(&mut entry.names);
+        }
         self.places = TaskIdMap::default();
         self.places.reserve(self.entries.len());
         for (place, entry) in self.entries.iter().enumerate() {
@@ -147,8 +183,9 @@ impl BucketQueues {
     }
 
     /// Queues `entry`, replacing the same task's entry if it was already waiting.
-    pub fn push(&mut self, entry: Waiting) {
+    pub fn push(&mut self, mut entry: Waiting) {
         self.remove(entry.id);
+        self.names.share(&mut entry.names);
         let bucket = entry.bucket.index();
         self.order[bucket].insert((entry.rank, entry.id));
         self.tenants[bucket].push(entry.view.tenant, entry.rank, entry.id);
@@ -340,5 +377,34 @@ mod tests {
             .map(|b| queues.iter(b).count())
             .sum();
         assert_eq!(in_order, expected.len());
+    }
+
+    /// Entries of the same names share one; names no entry holds any more are let go, so the
+    /// interner stays within twice the names still waiting (plus the sweep's floor).
+    #[test]
+    fn waiting_entries_share_their_names_and_the_interner_stays_bounded() {
+        let mut queues = BucketQueues::default();
+        queues.extend((0..10).map(|n| entry(n, "a")).collect());
+        for n in 10..20 {
+            queues.push(entry(n, "a"));
+        }
+        let first = Arc::clone(&queues.get(entry(0, "a").id).unwrap().names);
+        for n in 1..20 {
+            let held = &queues.get(entry(n, "a").id).unwrap().names;
+            assert!(Arc::ptr_eq(held, &first), "entry {n} holds its own names");
+        }
+        // Ten thousand tenants, each waiting once and gone: the interner sweeps them away.
+        for n in 100..10_100 {
+            let waiting = entry(n, &format!("tenant-{n}"));
+            let id = waiting.id;
+            queues.push(waiting);
+            queues.remove(id);
+        }
+        assert!(
+            queues.names.set.len() <= 2 * NAMES_SWEPT_FROM,
+            "{} names held",
+            queues.names.set.len()
+        );
+        assert!(queues.names.set.contains(&first));
     }
 }

@@ -11,6 +11,7 @@ mod event;
 mod experiment;
 mod failure;
 mod id;
+mod names;
 mod policy;
 mod priority;
 mod queue_entry;
@@ -38,6 +39,7 @@ pub use experiment::{
 };
 pub use failure::FailureClass;
 pub use id::{IdError, IdGenerator, TaskId, TaskIdMap};
+pub use names::{NamesRef, TaskNames};
 pub use policy::{
     BUILTIN_VERSION, DataRef, PolicyAction, PolicyEvent, PolicyKind, PolicyVersion, UnknownKind,
 };

@@ -1,11 +1,12 @@
 //! A queued task as the dispatcher needs it: where it waits, in which order, what it needs of a
-//! worker, what the aging policy reads of it, and its deadline. The store keeps this summary as
+//! worker, what the aging policy reads of it (its view and its names), and its deadline. The store keeps this summary as
 //! the value of the task's state-index entry, so queues are rebuilt at start without decoding
 //! every task record.
 
-use super::{PolicyKind, Priority, Task, TaskId, VariantTag};
+use super::{PolicyKind, Priority, Task, TaskId, TaskNames, VariantTag};
 use policy_packed::{Bucket, View, name_code};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QueueEntry {
@@ -17,19 +18,18 @@ pub struct QueueEntry {
     pub deadline_at_ms: Option<u64>,
     /// Its variant of a live aging experiment: the aging step asks that variant about it.
     pub aging_variant: Option<VariantTag>,
-    /// What few tasks ask of a worker beside memory. Boxed, and `None` when it would be empty:
+    /// Its kind, tenant, device and labels, for policies that read names (and the labels for
+    /// placement). Shared with the other entries of the same names once the queues intern it.
+    pub names: Arc<TaskNames>,
+    /// What few tasks ask of a worker beside memory and labels. Boxed, and `None` when it would be empty:
     /// the server holds an entry for every queued task, and inline these empty maps and strings
     /// were 72 of each entry's 192 bytes.
     pub needs: Option<Box<QueueNeeds>>,
 }
 
-/// A queued task's labels, concurrency key and model: also its index entry's JSON after the
-/// fixed part, when it has any.
+/// A queued task's concurrency key and model.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QueueNeeds {
-    /// Labels the worker must carry, each with the same value.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
     /// Claims skip it while its key runs as many tasks as its limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
@@ -40,7 +40,7 @@ pub struct QueueNeeds {
 
 impl QueueNeeds {
     fn is_empty(&self) -> bool {
-        self.labels.is_empty() && self.concurrency_key.is_none() && self.model.is_none()
+        self.concurrency_key.is_none() && self.model.is_none()
     }
 
     /// `Some` when there is anything to hold.
@@ -48,8 +48,6 @@ impl QueueNeeds {
         (!self.is_empty()).then(|| Box::new(self))
     }
 }
-
-static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 pub fn to_bucket(priority: Priority) -> Bucket {
     match priority {
@@ -84,8 +82,18 @@ pub fn view(task: &Task) -> View {
 }
 
 /// Layout version of `encode`: 2 added the aging variant; 3 made the JSON after the fixed part
-/// an object of the labels, the concurrency key and the model (2 had the labels alone).
-const FORMAT: u8 = 3;
+/// an object of the labels, the concurrency key and the model (2 had the labels alone); 4 put
+/// the kind, tenant and device in it too, so the aging policy reads names without the record.
+const FORMAT: u8 = 4;
+
+/// The JSON after the fixed part.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct EntryJson<'a> {
+    #[serde(flatten)]
+    names: std::borrow::Cow<'a, TaskNames>,
+    #[serde(flatten)]
+    needs: std::borrow::Cow<'a, QueueNeeds>,
+}
 const FIXED_BYTES: usize = 2 + 8 * 2 + 8 * 6 + 1 + 8 + 1 + 4 + 1;
 
 impl QueueEntry {
@@ -98,8 +106,8 @@ impl QueueEntry {
             view: view(task),
             deadline_at_ms: task.deadline_at_ms,
             aging_variant: task.variant(PolicyKind::Aging),
+            names: Arc::new(TaskNames::of(task)),
             needs: QueueNeeds {
-                labels: task.labels.clone(),
                 concurrency_key: task.concurrency_key.clone(),
                 model: task.resources.model.clone(),
             }
@@ -109,9 +117,7 @@ impl QueueEntry {
 
     /// Labels the worker must carry, each with the same value.
     pub fn labels(&self) -> &BTreeMap<String, String> {
-        self.needs
-            .as_ref()
-            .map_or(&NO_LABELS, |needs| &needs.labels)
+        &self.names.labels
     }
 
     pub fn concurrency_key(&self) -> Option<&str> {
@@ -123,9 +129,9 @@ impl QueueEntry {
     }
 
     /// `[bucket][format][rank][gpu_memory_mb][view: 6 words][has deadline][deadline]
-    /// [has aging variant][experiment: 4 bytes][variant]` then, when it has labels, a
-    /// concurrency key or a model, those as a JSON object. The first byte is the bucket, as in
-    /// the index entries of other states.
+    /// [has aging variant][experiment: 4 bytes][variant]` then its names, labels, concurrency
+    /// key and model as a JSON object. The first byte is the bucket, as in the index entries
+    /// of other states.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(FIXED_BYTES + 2);
         out.push(self.bucket.index() as u8);
@@ -143,10 +149,12 @@ impl QueueEntry {
             .map_or((0, 0), |tag| (tag.experiment, tag.variant));
         out.extend_from_slice(&experiment.to_be_bytes());
         out.push(variant);
-        if let Some(needs) = &self.needs {
-            // Plain strings always serialize.
-            out.extend_from_slice(&serde_json::to_vec(needs).unwrap_or_default());
-        }
+        let json = EntryJson {
+            names: std::borrow::Cow::Borrowed(&self.names),
+            needs: std::borrow::Cow::Owned(self.needs.as_deref().cloned().unwrap_or_default()),
+        };
+        // Plain strings always serialize.
+        out.extend_from_slice(&serde_json::to_vec(&json).unwrap_or_default());
         out
     }
 
@@ -170,10 +178,7 @@ impl QueueEntry {
             experiment: u32::from_be_bytes([bytes[76], bytes[77], bytes[78], bytes[79]]),
             variant: bytes[80],
         });
-        let needs: QueueNeeds = match &bytes[FIXED_BYTES..] {
-            [] => QueueNeeds::default(),
-            json => serde_json::from_slice(json).ok()?,
-        };
+        let json: EntryJson = serde_json::from_slice(&bytes[FIXED_BYTES..]).ok()?;
         Some(QueueEntry {
             id,
             bucket,
@@ -182,7 +187,8 @@ impl QueueEntry {
             view,
             deadline_at_ms,
             aging_variant,
-            needs: needs.boxed(),
+            names: Arc::new(json.names.into_owned()),
+            needs: json.needs.into_owned().boxed(),
         })
     }
 }
@@ -211,17 +217,21 @@ mod tests {
             },
             deadline_at_ms: None,
             aging_variant: None,
+            names: Arc::new(TaskNames {
+                kind: "oct.scan".into(),
+                tenant: "site-a".into(),
+                device: "scanner-7".into(),
+                labels: BTreeMap::new(),
+            }),
             needs: None,
         };
         assert_eq!(
             QueueEntry::decode(entry.id, &entry.encode()),
             Some(entry.clone())
         );
-        entry.needs = QueueNeeds {
-            labels: BTreeMap::from([("site".into(), "a".into())]),
-            ..QueueNeeds::default()
-        }
-        .boxed();
+        Arc::make_mut(&mut entry.names)
+            .labels
+            .insert("site".into(), "a".into());
         entry.deadline_at_ms = Some(5_000);
         assert_eq!(
             QueueEntry::decode(entry.id, &entry.encode()),
@@ -236,9 +246,11 @@ mod tests {
             QueueEntry::decode(entry.id, &entry.encode()),
             Some(entry.clone())
         );
-        let needs = entry.needs.as_mut().unwrap();
-        needs.concurrency_key = Some("scanner-7".into());
-        needs.model = Some("seg-v3".into());
+        entry.needs = QueueNeeds {
+            concurrency_key: Some("scanner-7".into()),
+            model: Some("seg-v3".into()),
+        }
+        .boxed();
         assert_eq!(entry.concurrency_key(), Some("scanner-7"));
         assert_eq!(entry.model(), Some("seg-v3"));
         assert_eq!(entry.labels()["site"], "a");
@@ -246,8 +258,9 @@ mod tests {
             QueueEntry::decode(entry.id, &entry.encode()),
             Some(entry.clone())
         );
-        // Entries of formats 1 and 2 are left to the task record.
-        for format in [1, 2] {
+        assert_eq!(entry.names.device, "scanner-7");
+        // Entries of formats 1 to 3 are left to the task record.
+        for format in [1, 2, 3] {
             let mut old = entry.encode();
             old[1] = format;
             assert_eq!(QueueEntry::decode(entry.id, &old), None);

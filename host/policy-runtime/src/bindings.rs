@@ -40,3 +40,35 @@ pub mod split_layout {
 pub mod merge {
     wasmtime::component::bindgen!({ world: "merge-policy", path: "../../wit" });
 }
+
+/// The `names` types every named export shares (generated once, reused below).
+pub mod names {
+    wasmtime::component::bindgen!({ world: "named-priority-export", path: "../../wit" });
+    pub use sluice::policy::names::TaskNames;
+}
+
+/// The named exports a priority, aging or retry component may have beside its kind's: looked
+/// up once per instance, so a component built before names existed still loads.
+pub mod named_priority {
+    pub use super::names::NamedPriorityExport;
+}
+
+pub mod named_aging {
+    wasmtime::component::bindgen!({
+        world: "named-aging-export",
+        path: "../../wit",
+        with: {
+            "sluice:policy/names": super::names::sluice::policy::names,
+            "sluice:policy/types": super::aging::sluice::policy::types,
+        },
+    });
+    pub use exports::sluice::policy::named_aging::Promotion;
+}
+
+pub mod named_retry {
+    wasmtime::component::bindgen!({
+        world: "named-retry-export",
+        path: "../../wit",
+        with: { "sluice:policy/names": super::names::sluice::policy::names },
+    });
+}

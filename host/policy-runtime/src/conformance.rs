@@ -8,6 +8,8 @@ use super::instance::{
     AgingInstance, MergeInstance, PriorityInstance, RetryInstance, SplitInstance,
 };
 use policy_packed::{Bucket, ErrorClass, FAILURE_WORDS, Failure, Hit, VIEW_WORDS, View, pack};
+use sluice_model::{NamesRef, TaskNames};
+use std::collections::BTreeMap;
 
 /// What every kind's instance must pass at upload.
 pub trait Conformance {
@@ -30,6 +32,33 @@ fn view(seq: u64, bucket: Bucket, since_ms: u64, attempt: u32) -> View {
     }
 }
 
+/// The names of case `seq`: two kinds, three tenants, four devices, labels on some, so a
+/// policy that reads names meets the shapes it will see.
+fn names(seq: u64) -> TaskNames {
+    let mut labels = BTreeMap::new();
+    if seq % 4 == 1 {
+        labels.insert("ed".to_owned(), "true".to_owned());
+    }
+    if seq % 5 == 2 {
+        labels.insert("site".to_owned(), "north".to_owned());
+        labels.insert("model".to_owned(), "seg-v3".to_owned());
+    }
+    TaskNames {
+        kind: ["oct.qa", "ct.scan"][seq as usize % 2].to_owned(),
+        tenant: ["site-a", "site-b", "site-c"][seq as usize % 3].to_owned(),
+        device: format!("scanner-{}", seq % 4),
+        labels,
+    }
+}
+
+fn names_of(count: usize) -> Vec<TaskNames> {
+    (0..count as u64).map(names).collect()
+}
+
+fn refs(names: &[TaskNames]) -> Vec<NamesRef<'_>> {
+    names.iter().map(TaskNames::borrowed).collect()
+}
+
 fn fault(what: &str) -> impl Fn(super::PolicyError) -> String + '_ {
     move |error| format!("{what}: {error}")
 }
@@ -42,17 +71,20 @@ impl Conformance for PriorityInstance {
             .map(|seq| view(seq, Bucket::ALL[seq as usize % 3], NOW_MS - seq, 0))
             .collect();
         let words = pack(&tasks, VIEW_WORDS, View::write);
-        let admitted = self.admit(NOW_MS, &words).map_err(fault("admit"))?;
+        let names = names_of(tasks.len());
+        let admitted = self
+            .admit(NOW_MS, &words, &refs(&names))
+            .map_err(fault("admit"))?;
         let admitted = checks::admissions(tasks.len(), &admitted)?;
-        for (task, batch) in tasks.iter().zip(&admitted) {
+        for ((task, batch), names) in tasks.iter().zip(&admitted).zip(&names) {
             let (a, b, c) = self
-                .admit_one(NOW_MS, task.words())
+                .admit_one(NOW_MS, task.words(), names.borrowed())
                 .map_err(fault("admit-one"))?;
             if checks::admissions(1, &[a, b, c])? != [*batch] {
                 return Err(format!("admit-one and admit differ for task {}", task.seq));
             }
         }
-        checks::admissions(0, &self.admit(NOW_MS, &[]).map_err(fault("admit"))?).map(drop)
+        checks::admissions(0, &self.admit(NOW_MS, &[], &[]).map_err(fault("admit"))?).map(drop)
     }
 }
 
@@ -65,11 +97,14 @@ impl Conformance for AgingInstance {
             })
             .collect();
         let words = pack(&waiting, VIEW_WORDS, View::write);
-        let promotions = self.age(NOW_MS, &words).map_err(fault("age"))?;
+        let names = names_of(waiting.len());
+        let promotions = self
+            .age(NOW_MS, &words, &refs(&names))
+            .map_err(fault("age"))?;
         let moves = checks::promotions(&waiting, promotions)?;
         for (index, task) in waiting.iter().enumerate() {
             let one = self
-                .age_one(NOW_MS, task.words())
+                .age_one(NOW_MS, task.words(), names[index].borrowed())
                 .map_err(fault("age-one"))?;
             let one =
                 one.map(
@@ -87,7 +122,7 @@ impl Conformance for AgingInstance {
                 return Err(format!("age-one and age differ for task {}", task.seq));
             }
         }
-        checks::promotions(&[], self.age(NOW_MS, &[]).map_err(fault("age"))?).map(drop)
+        checks::promotions(&[], self.age(NOW_MS, &[], &[]).map_err(fault("age"))?).map(drop)
     }
 }
 
@@ -108,11 +143,14 @@ impl Conformance for RetryInstance {
             }
         }
         let words = pack(&failures, FAILURE_WORDS, Failure::write);
-        let decisions = self.decide(NOW_MS, &words).map_err(fault("decide"))?;
+        let names = names_of(failures.len());
+        let decisions = self
+            .decide(NOW_MS, &words, &refs(&names))
+            .map_err(fault("decide"))?;
         let decisions = checks::decisions(&failures, &decisions)?;
-        for (failure, batch) in failures.iter().zip(&decisions) {
+        for ((failure, batch), names) in failures.iter().zip(&decisions).zip(&names) {
             let one = self
-                .decide_one(NOW_MS, failure.words())
+                .decide_one(NOW_MS, failure.words(), names.borrowed())
                 .map_err(fault("decide-one"))?;
             if checks::decisions(std::slice::from_ref(failure), &[one])? != [*batch] {
                 return Err(format!(

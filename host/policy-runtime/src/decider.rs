@@ -12,7 +12,8 @@ use sluice_engine::{
 };
 use sluice_engine::{RetryDecision, from_bucket, to_bucket};
 use sluice_model::{
-    Admission, AssignBy, Assignments, Experiment, PolicyKind, ShardFilter, TaskSpec, VariantTag,
+    Admission, AssignBy, Assignments, Experiment, NamesRef, PolicyKind, ShardFilter, TaskSpec,
+    VariantTag,
 };
 use std::sync::Arc;
 
@@ -54,7 +55,8 @@ impl PolicyDecider {
         specs: &[&TaskSpec],
         first_seq: u64,
     ) -> Vec<Admission> {
-        match self.registry.admit(now_ms, variant, views) {
+        let names: Vec<NamesRef> = specs.iter().map(|&spec| spec.into()).collect();
+        match self.registry.admit(now_ms, variant, views, &names) {
             Ok(decided) => decided
                 .answer
                 .iter()
@@ -167,28 +169,34 @@ impl Decide for PolicyDecider {
         now_ms: u64,
         variant: Option<VariantTag>,
         waiting: &[View],
+        names: &[NamesRef<'_>],
     ) -> Decided<Vec<(u32, Bucket)>> {
-        match self.registry.age(now_ms, variant, waiting) {
+        match self.registry.age(now_ms, variant, waiting, names) {
             Ok(decided) => Decided {
                 answer: decided.answer,
                 version: Some(decided.version),
             },
             Err(error) => {
                 tracing::error!(%error, "every aging policy version faulted; aging by the host's rule");
-                self.native.age(now_ms, variant, waiting)
+                self.native.age(now_ms, variant, waiting, names)
             }
         }
     }
 
-    fn retry(&self, now_ms: u64, failures: &[Failure]) -> Decided<Vec<RetryDecision>> {
-        match self.registry.retry(now_ms, failures) {
+    fn retry(
+        &self,
+        now_ms: u64,
+        failures: &[Failure],
+        names: &[NamesRef<'_>],
+    ) -> Decided<Vec<RetryDecision>> {
+        match self.registry.retry(now_ms, failures, names) {
             Ok(decided) => Decided {
                 answer: decided.answer.into_iter().map(to_retry_decision).collect(),
                 version: Some(decided.version),
             },
             Err(error) => {
                 tracing::error!(%error, "every retry policy version faulted; deciding by the host's rule");
-                self.native.retry(now_ms, failures)
+                self.native.retry(now_ms, failures, names)
             }
         }
     }

@@ -10,7 +10,7 @@ use super::slot::SlotAnswer;
 use policy_packed::{
     Admission, Bucket, Decision, FAILURE_WORDS, Failure, Hit, VIEW_WORDS, View, pack,
 };
-use sluice_model::VariantTag;
+use sluice_model::{NamesRef, VariantTag};
 
 impl PolicyRegistry {
     /// The tenants' weights for fair share; `None` from a component without the export.
@@ -27,20 +27,22 @@ impl PolicyRegistry {
             .decide(now_ms, |p| p.bucket_weights(), checks::bucket_weights)
     }
 
-    /// One admission per task, in order. `variant`: the live priority experiment's variant
-    /// these tasks were all assigned, if any.
+    /// One admission per task, in order; `names[i]`: task i's names. `variant`: the live
+    /// priority experiment's variant these tasks were all assigned, if any.
     pub fn admit(
         &self,
         now_ms: u64,
         variant: Option<VariantTag>,
         tasks: &[View],
+        names: &[NamesRef<'_>],
     ) -> Result<SlotAnswer<Vec<Admission>>, PolicyError> {
-        if let [task] = tasks {
+        debug_assert_eq!(tasks.len(), names.len(), "one task's names per view");
+        if let ([task], [task_names]) = (tasks, names) {
             let words = task.words();
             return self.priority.decide_for(
                 now_ms,
                 variant,
-                |p| p.admit_one(now_ms, words),
+                |p| p.admit_one(now_ms, words, *task_names),
                 |(a, b, c)| checks::admissions(1, &[a, b, c]),
             );
         }
@@ -48,25 +50,28 @@ impl PolicyRegistry {
         self.priority.decide_for(
             now_ms,
             variant,
-            |p| p.admit(now_ms, &words),
+            |p| p.admit(now_ms, &words, names),
             |answer| checks::admissions(tasks.len(), &answer),
         )
     }
 
-    /// The index in `waiting` and the new bucket of each task to move. `variant`: the live
-    /// aging experiment's variant these tasks were all assigned, if any.
+    /// The index in `waiting` and the new bucket of each task to move; `names[i]`: task i's
+    /// names. `variant`: the live aging experiment's variant these tasks were all assigned, if
+    /// any.
     pub fn age(
         &self,
         now_ms: u64,
         variant: Option<VariantTag>,
         waiting: &[View],
+        names: &[NamesRef<'_>],
     ) -> Result<SlotAnswer<Vec<(u32, Bucket)>>, PolicyError> {
-        if let [task] = waiting {
+        debug_assert_eq!(waiting.len(), names.len(), "one task's names per view");
+        if let ([task], [task_names]) = (waiting, names) {
             let words = task.words();
             return self.aging.decide_for(
                 now_ms,
                 variant,
-                |p| p.age_one(now_ms, words),
+                |p| p.age_one(now_ms, words, *task_names),
                 |to| checks::promotions(waiting, to.map(|to| Promotion { index: 0, to })),
             );
         }
@@ -74,29 +79,31 @@ impl PolicyRegistry {
         self.aging.decide_for(
             now_ms,
             variant,
-            |p| p.age(now_ms, &words),
+            |p| p.age(now_ms, &words, names),
             |promotions| checks::promotions(waiting, promotions),
         )
     }
 
-    /// One decision per failure, in order.
+    /// One decision per failure, in order; `names[i]`: failure i's task's names.
     pub fn retry(
         &self,
         now_ms: u64,
         failures: &[Failure],
+        names: &[NamesRef<'_>],
     ) -> Result<SlotAnswer<Vec<Decision>>, PolicyError> {
-        if let [failure] = failures {
+        debug_assert_eq!(failures.len(), names.len(), "one task's names per failure");
+        if let ([failure], [task_names]) = (failures, names) {
             let words = failure.words();
             return self.retry.decide(
                 now_ms,
-                |p| p.decide_one(now_ms, words),
+                |p| p.decide_one(now_ms, words, *task_names),
                 |word| checks::decisions(failures, &[word]),
             );
         }
         let words = pack(failures, FAILURE_WORDS, Failure::write);
         self.retry.decide(
             now_ms,
-            |p| p.decide(now_ms, &words),
+            |p| p.decide(now_ms, &words, names),
             |answer| checks::decisions(failures, &answer),
         )
     }

@@ -1,6 +1,6 @@
 //! Components for the host's tests only, built on demand (never embedded in the binary):
-//! misbehaving ones from `policies/hostile` with one feature each, and `policies/legacy-split`,
-//! a split component of 0.1.0's world alone.
+//! misbehaving ones from `policies/hostile` with one feature each, `policies/legacy-split`,
+//! a split component of 0.1.0's world alone, and `policies/by-name`, rules on names.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,6 +14,11 @@ pub fn component(feature: &str) -> Vec<u8> {
 /// Builds `policies/legacy-split`: a split component that exports 0.1.0's `split` alone.
 pub fn legacy_split() -> Vec<u8> {
     build("legacy-split", None)
+}
+
+/// Builds `policies/by-name` for `kind` (`priority`, `aging` or `retry`).
+pub fn by_name(kind: &str) -> Vec<u8> {
+    build("by-name", Some(kind))
 }
 
 fn build(package: &str, feature: Option<&str>) -> Vec<u8> {

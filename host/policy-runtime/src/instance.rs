@@ -3,7 +3,9 @@
 //! and instantiates afresh from the `InstancePre`, running `init` again with the same config.
 
 use super::bindings;
+use super::names;
 use super::runtime::{Compiled, Kind, PolicyError, PolicyRuntime, Sandbox};
+use sluice_model::NamesRef;
 use std::sync::Arc;
 use wasmtime::Store;
 
@@ -18,6 +20,7 @@ macro_rules! policy_instance {
             instance: bindings::$module::$world,
             /// The same instance untyped, for an export beside the world's (`fairness`).
             raw: wasmtime::component::Instance,
+            named: NamedExports,
             config: Vec<u8>,
             grants: super::runtime::Grants,
             data: super::runtime::PolicyData,
@@ -33,13 +36,15 @@ macro_rules! policy_instance {
                     .map_err(|e| PolicyError::WrongWorld(compiled.kind, format!("{e:#}")))?;
                 let grants = compiled.grants;
                 let data = compiled.data.clone();
-                let (store, instance, raw) = Self::start(&runtime, &pre, config, grants, &data)?;
+                let (store, instance, raw, named) =
+                    Self::start(&runtime, &pre, config, grants, &data)?;
                 Ok($name {
                     runtime,
                     pre,
                     store,
                     instance,
                     raw,
+                    named,
                     config: config.to_vec(),
                     grants,
                     data,
@@ -57,6 +62,7 @@ macro_rules! policy_instance {
                     Store<Sandbox>,
                     bindings::$module::$world,
                     wasmtime::component::Instance,
+                    NamedExports,
                 ),
                 PolicyError,
             > {
@@ -75,7 +81,9 @@ macro_rules! policy_instance {
                     .call_init(&mut store, config)
                     .map_err(|e| fault(&store, e))?
                     .map_err(PolicyError::Init)?;
-                Ok((store, instance, raw))
+                let named = NamedExports::find(Kind::$kind, &mut store, &raw)
+                    .map_err(|e| fault(&store, e))?;
+                Ok((store, instance, raw, named))
             }
 
             /// Runs one call at `now_ms` under its fuel; a fault replaces the instance before
@@ -86,15 +94,16 @@ macro_rules! policy_instance {
                 body: impl FnOnce(
                     &bindings::$module::$world,
                     wasmtime::component::Instance,
+                    &NamedExports,
                     &mut Store<Sandbox>,
                 ) -> wasmtime::Result<R>,
             ) -> Result<R, PolicyError> {
                 self.runtime.arm(&mut self.store, now_ms);
-                match body(&self.instance, self.raw, &mut self.store) {
+                match body(&self.instance, self.raw, &self.named, &mut self.store) {
                     Ok(answer) => Ok(answer),
                     Err(error) => {
                         let fault = fault(&self.store, error);
-                        let (store, instance, raw) = Self::start(
+                        let (store, instance, raw, named) = Self::start(
                             &self.runtime,
                             &self.pre,
                             &self.config,
@@ -104,6 +113,7 @@ macro_rules! policy_instance {
                         self.store = store;
                         self.instance = instance;
                         self.raw = raw;
+                        self.named = named;
                         Err(fault)
                     }
                 }
@@ -198,7 +208,7 @@ impl PriorityInstance {
     pub fn tenant_weights(&mut self) -> Result<Option<Vec<(String, u32)>>, PolicyError> {
         self.call(
             0,
-            |_, raw, store| match bindings::fairness::FairnessPolicy::new(&mut *store, &raw) {
+            |_, raw, _, store| match bindings::fairness::FairnessPolicy::new(&mut *store, &raw) {
                 Ok(fairness) => fairness
                     .sluice_policy_fairness()
                     .call_tenant_weights(store)
@@ -209,69 +219,183 @@ impl PriorityInstance {
     }
 
     pub fn bucket_weights(&mut self) -> Result<Vec<u32>, PolicyError> {
-        self.call(0, |i, _, store| {
+        self.call(0, |i, _, _, store| {
             i.sluice_policy_priority().call_bucket_weights(store)
         })
     }
 
-    /// `tasks`: packed task views; the answer: packed admissions (see `policy_packed`).
-    pub fn admit(&mut self, now_ms: u64, tasks: &[u64]) -> Result<Vec<u64>, PolicyError> {
-        self.call(now_ms, |i, _, store| {
-            i.sluice_policy_priority().call_admit(store, now_ms, tasks)
+    /// `tasks`: packed task views, `names[i]` task i's names (sent only to a component that
+    /// reads them); the answer: packed admissions (see `policy_packed`).
+    pub fn admit(
+        &mut self,
+        now_ms: u64,
+        tasks: &[u64],
+        names: &[NamesRef<'_>],
+    ) -> Result<Vec<u64>, PolicyError> {
+        self.call(now_ms, |i, _, named, store| match &named.priority {
+            Some(named) => {
+                let (records, which) = names::table(names);
+                named
+                    .sluice_policy_named_priority()
+                    .call_admit(store, now_ms, tasks, &records, &which)
+            }
+            None => i.sluice_policy_priority().call_admit(store, now_ms, tasks),
         })
     }
 
-    /// One task's packed view; its packed admission.
+    /// One task's packed view and names; its packed admission.
     pub fn admit_one(
         &mut self,
         now_ms: u64,
         task: (u64, u64, u64, u64, u64, u64),
+        names: NamesRef<'_>,
     ) -> Result<(u64, u64, u64), PolicyError> {
-        self.call(now_ms, |i, _, store| {
-            i.sluice_policy_priority()
-                .call_admit_one(store, now_ms, task)
+        self.call(now_ms, |i, _, named, store| match &named.priority {
+            Some(named) => named.sluice_policy_named_priority().call_admit_one(
+                store,
+                now_ms,
+                task,
+                &names::record(names),
+            ),
+            None => i
+                .sluice_policy_priority()
+                .call_admit_one(store, now_ms, task),
         })
     }
 }
 
 impl AgingInstance {
-    /// `waiting`: packed task views.
-    pub fn age(&mut self, now_ms: u64, waiting: &[u64]) -> Result<Vec<Promotion>, PolicyError> {
-        self.call(now_ms, |i, _, store| {
-            i.sluice_policy_aging().call_age(store, now_ms, waiting)
+    /// `waiting`: packed task views, `names[i]` task i's names.
+    pub fn age(
+        &mut self,
+        now_ms: u64,
+        waiting: &[u64],
+        names: &[NamesRef<'_>],
+    ) -> Result<Vec<Promotion>, PolicyError> {
+        self.call(now_ms, |i, _, named, store| match &named.aging {
+            Some(named) => {
+                let (records, which) = names::table(names);
+                let promotions = named
+                    .sluice_policy_named_aging()
+                    .call_age(store, now_ms, waiting, &records, &which)?;
+                Ok(promotions
+                    .into_iter()
+                    .map(|p| Promotion {
+                        index: p.index,
+                        to: p.to,
+                    })
+                    .collect())
+            }
+            None => i.sluice_policy_aging().call_age(store, now_ms, waiting),
         })
     }
 
-    /// One task's packed view; the bucket to move it to, if any.
+    /// One task's packed view and names; the bucket to move it to, if any.
     pub fn age_one(
         &mut self,
         now_ms: u64,
         task: (u64, u64, u64, u64, u64, u64),
+        names: NamesRef<'_>,
     ) -> Result<Option<WitBucket>, PolicyError> {
-        self.call(now_ms, |i, _, store| {
-            i.sluice_policy_aging().call_age_one(store, now_ms, task)
+        self.call(now_ms, |i, _, named, store| match &named.aging {
+            Some(named) => named.sluice_policy_named_aging().call_age_one(
+                store,
+                now_ms,
+                task,
+                &names::record(names),
+            ),
+            None => i.sluice_policy_aging().call_age_one(store, now_ms, task),
         })
     }
 }
 
 impl RetryInstance {
-    /// `failures`: packed failures; the answer: one packed decision each.
-    pub fn decide(&mut self, now_ms: u64, failures: &[u64]) -> Result<Vec<u64>, PolicyError> {
-        self.call(now_ms, |i, _, store| {
-            i.sluice_policy_retry().call_decide(store, now_ms, failures)
+    /// `failures`: packed failures, `names[i]` failure i's task's names; the answer: one
+    /// packed decision each.
+    pub fn decide(
+        &mut self,
+        now_ms: u64,
+        failures: &[u64],
+        names: &[NamesRef<'_>],
+    ) -> Result<Vec<u64>, PolicyError> {
+        self.call(now_ms, |i, _, named, store| match &named.retry {
+            Some(named) => {
+                let (records, which) = names::table(names);
+                named
+                    .sluice_policy_named_retry()
+                    .call_decide(store, now_ms, failures, &records, &which)
+            }
+            None => i.sluice_policy_retry().call_decide(store, now_ms, failures),
         })
     }
 
-    /// One packed failure; its packed decision.
+    /// One packed failure and its task's names; its packed decision.
     pub fn decide_one(
         &mut self,
         now_ms: u64,
         failure: policy_packed::FailureWords,
+        names: NamesRef<'_>,
     ) -> Result<u64, PolicyError> {
-        self.call(now_ms, |i, _, store| {
-            i.sluice_policy_retry()
-                .call_decide_one(store, now_ms, failure)
+        self.call(now_ms, |i, _, named, store| match &named.retry {
+            Some(named) => named.sluice_policy_named_retry().call_decide_one(
+                store,
+                now_ms,
+                failure,
+                &names::record(names),
+            ),
+            None => i
+                .sluice_policy_retry()
+                .call_decide_one(store, now_ms, failure),
         })
+    }
+}
+
+/// The named export of an instance's kind, when its component has one (found once, when the
+/// instance starts: an export's lookup costs more than a decision).
+#[derive(Default)]
+pub struct NamedExports {
+    priority: Option<bindings::names::NamedPriorityExport>,
+    aging: Option<bindings::named_aging::NamedAgingExport>,
+    retry: Option<bindings::named_retry::NamedRetryExport>,
+}
+
+impl NamedExports {
+    /// The kind's named export, kept only when the component says it reads names. A trap in
+    /// `reads-names` is the component's fault, as one in `init` is.
+    fn find(
+        kind: Kind,
+        store: &mut Store<Sandbox>,
+        raw: &wasmtime::component::Instance,
+    ) -> wasmtime::Result<NamedExports> {
+        let mut named = NamedExports::default();
+        match kind {
+            Kind::Priority => {
+                if let Ok(e) = bindings::names::NamedPriorityExport::new(&mut *store, raw)
+                    && e.sluice_policy_named_priority()
+                        .call_reads_names(&mut *store)?
+                {
+                    named.priority = Some(e);
+                }
+            }
+            Kind::Aging => {
+                if let Ok(e) = bindings::named_aging::NamedAgingExport::new(&mut *store, raw)
+                    && e.sluice_policy_named_aging()
+                        .call_reads_names(&mut *store)?
+                {
+                    named.aging = Some(e);
+                }
+            }
+            Kind::Retry => {
+                if let Ok(e) = bindings::named_retry::NamedRetryExport::new(&mut *store, raw)
+                    && e.sluice_policy_named_retry()
+                        .call_reads_names(&mut *store)?
+                {
+                    named.retry = Some(e);
+                }
+            }
+            Kind::Split | Kind::Merge => {}
+        }
+        Ok(named)
     }
 }
 
@@ -285,8 +409,10 @@ impl SplitInstance {
     ) -> Result<Result<Vec<Subtask>, String>, PolicyError> {
         self.call(
             0,
-            |i, raw, store| match bindings::split_layout::SplitLayoutPolicy::new(&mut *store, &raw)
-            {
+            |i, raw, _, store| match bindings::split_layout::SplitLayoutPolicy::new(
+                &mut *store,
+                &raw,
+            ) {
                 Ok(with_layout) => with_layout
                     .sluice_policy_split_layout()
                     .call_split(store, request),
@@ -333,7 +459,7 @@ impl MergeInstance {
         weights: &[f32],
         hits: &[u64],
     ) -> Result<Result<Vec<u64>, String>, PolicyError> {
-        self.call(0, |i, _, store| {
+        self.call(0, |i, _, _, store| {
             i.sluice_policy_merge().call_merge(store, k, weights, hits)
         })
     }

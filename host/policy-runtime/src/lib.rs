@@ -13,6 +13,7 @@ mod experiments;
 mod instance;
 mod merge_scores;
 mod metrics;
+mod names;
 mod pool;
 mod registry;
 mod runtime;

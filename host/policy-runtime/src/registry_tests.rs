@@ -3,7 +3,7 @@
 
 use super::*;
 use policy_packed::{Bucket, Decision, ErrorClass, Failure, View};
-use sluice_model::{ExperimentSpec, PolicyAction, PolicyKind};
+use sluice_model::{ExperimentSpec, NamesRef, PolicyAction, PolicyKind};
 use sluice_store_sled::{SledOptions, SledStore};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -40,7 +40,12 @@ fn meta(seq: u64, bucket: Bucket, est_exec_ms: u64) -> View {
 /// The attempt timeout the active priority policy gives a normal task of 1 s.
 fn normal_timeout(registry: &PolicyRegistry) -> (u64, u32) {
     let decided = registry
-        .admit(0, None, &[meta(1, Bucket::Normal, 1000)])
+        .admit(
+            0,
+            None,
+            &[meta(1, Bucket::Normal, 1000)],
+            &[NamesRef::unnamed()],
+        )
         .unwrap();
     (decided.answer[0].attempt_timeout_ms, decided.version)
 }
@@ -195,18 +200,24 @@ fn assert_late_faults_fall_back_then_deactivate(feature: &str) {
         .activate(Kind::Retry, uploaded.version.version, 0)
         .unwrap();
 
-    let fine = registry.retry(100, &[failure(1)]).unwrap();
+    let fine = registry
+        .retry(100, &[failure(1)], &[NamesRef::unnamed()])
+        .unwrap();
     assert_eq!(fine.version, 1);
     assert!(matches!(fine.answer[0], Decision::RetryAfterMs(1100)));
 
     // Faults spread wider than the window do not add up.
     for now_ms in [1_000, 3_000] {
-        let replaced = registry.retry(now_ms, &[failure(LATE_SEQ)]).unwrap();
+        let replaced = registry
+            .retry(now_ms, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
+            .unwrap();
         assert_eq!((replaced.version, replaced.fallbacks), (0, 1), "{feature}");
     }
     assert_eq!(registry.status(Kind::Retry).active_version, 1);
     for now_ms in [5_000, 5_001, 5_002] {
-        let replaced = registry.retry(now_ms, &[failure(LATE_SEQ)]).unwrap();
+        let replaced = registry
+            .retry(now_ms, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
+            .unwrap();
         assert_eq!(replaced.version, 0);
     }
     let status = registry.status(Kind::Retry);
@@ -218,7 +229,13 @@ fn assert_late_faults_fall_back_then_deactivate(feature: &str) {
         (last.action, last.version, last.from),
         (PolicyAction::Deactivated, 0, Some(1))
     );
-    assert_eq!(registry.retry(6_000, &[failure(1)]).unwrap().version, 0);
+    assert_eq!(
+        registry
+            .retry(6_000, &[failure(1)], &[NamesRef::unnamed()])
+            .unwrap()
+            .version,
+        0
+    );
 }
 
 #[test]
@@ -328,7 +345,7 @@ fn swaps_under_concurrent_decisions_never_fail_or_mix_versions() {
                     .collect();
                 for _ in 0..DECISIONS_PER_THREAD {
                     let decided = registry
-                        .admit(0, None, &batch)
+                        .admit(0, None, &batch, &vec![NamesRef::unnamed(); batch.len()])
                         .expect("a decision never fails");
                     assert_eq!(decided.fallbacks, 0);
                     let factor = match decided.version {
@@ -428,7 +445,12 @@ fn a_live_variant_decides_for_its_tasks_only_until_its_experiment_ends() {
     };
     let timeout = |variant: Option<VariantTag>| {
         let decided = registry
-            .admit(0, variant, &[meta(1, Bucket::Normal, 1000)])
+            .admit(
+                0,
+                variant,
+                &[meta(1, Bucket::Normal, 1000)],
+                &[NamesRef::unnamed()],
+            )
             .unwrap();
         (decided.answer[0].attempt_timeout_ms, decided.version)
     };
@@ -502,10 +524,14 @@ fn a_faulting_shadow_variant_is_counted_and_never_touches_the_active_answer() {
         "shadow assigns nothing"
     );
     for now_ms in 0..10 {
-        let decided = registry.retry(now_ms, &[failure(LATE_SEQ)]).unwrap();
+        let decided = registry
+            .retry(now_ms, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
+            .unwrap();
         assert_eq!((decided.version, decided.fallbacks), (0, 0));
     }
-    let answered = registry.retry(10, &[failure(1)]).unwrap();
+    let answered = registry
+        .retry(10, &[failure(1)], &[NamesRef::unnamed()])
+        .unwrap();
     assert_eq!(answered.version, 0);
     let figures = &registry.variant_figures(&experiment).unwrap()[0];
     assert_eq!(figures.decisions_total, 11);
@@ -526,7 +552,9 @@ fn a_faulting_shadow_variant_is_counted_and_never_touches_the_active_answer() {
     drop((store, registry));
     let (_store, registry) = open(dir.path(), RegistryOptions::default());
     assert!(registry.experiment(experiment.id).unwrap().is_running());
-    registry.retry(20, &[failure(LATE_SEQ)]).unwrap();
+    registry
+        .retry(20, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
+        .unwrap();
     assert_eq!(
         registry.variant_figures(&experiment).unwrap()[0].faults_total,
         1

@@ -99,8 +99,9 @@ impl Sandbox {
 /// frozen clock, seeded random bits, no environment, no preopened directory) or linked as
 /// traps (calling one ends the call). Nothing here reaches a real file, socket, clock or
 /// entropy source; anything else, `wasi:http` say, is refused.
-const ALLOWED_IMPORT_PREFIXES: [&str; 16] = [
+const ALLOWED_IMPORT_PREFIXES: [&str; 17] = [
     "sluice:policy/types@",
+    "sluice:policy/names@",
     "sluice:policy/data@",
     "wasi:io/",
     "wasi:cli/environment@",

@@ -4,6 +4,7 @@ use super::bindings;
 use super::defaults;
 use super::*;
 use policy_packed::{Bucket, DeadReason, Decision, ErrorClass, Failure, Hit, View};
+use sluice_model::NamesRef;
 use std::sync::{Arc, OnceLock};
 
 fn runtime() -> Arc<PolicyRuntime> {
@@ -76,7 +77,11 @@ fn retry_backoff_decides_through_wasm_and_init_checks_its_config() {
         retry_failure(attempt, class, random).write(&mut failures);
     }
     let decisions: Vec<Decision> = retry
-        .decide(5, &failures)
+        .decide(
+            5,
+            &failures,
+            &vec![NamesRef::unnamed(); failures.len() / policy_packed::FAILURE_WORDS],
+        )
         .unwrap()
         .into_iter()
         .map(|word| Decision::read(word).unwrap())
@@ -126,7 +131,7 @@ fn priority_aging_split_and_merge_defaults_answer_through_wasm() {
     };
     let mut tasks = Vec::new();
     view(42, Bucket::Low, 0, 30_000).write(&mut tasks);
-    let admitted = priority.admit(0, &tasks).unwrap();
+    let admitted = priority.admit(0, &tasks, &[NamesRef::unnamed()]).unwrap();
     assert_eq!(
         policy_packed::Admission::read(&admitted).unwrap(),
         policy_packed::Admission {
@@ -143,7 +148,7 @@ fn priority_aging_split_and_merge_defaults_answer_through_wasm() {
     let mut waiting = Vec::new();
     view(0, Bucket::Low, 95, 0).write(&mut waiting);
     view(1, Bucket::Low, 90, 0).write(&mut waiting);
-    let promotions = aging.age(100, &waiting).unwrap();
+    let promotions = aging.age(100, &waiting, &[NamesRef::unnamed(); 2]).unwrap();
     assert_eq!(
         promotions
             .iter()
@@ -277,7 +282,7 @@ mod sandbox {
         let mut policy = RetryInstance::new(runtime.clone(), &compiled, b"").unwrap();
         for round in 0..2 {
             let started = Instant::now();
-            let answer = policy.decide(5, &failure());
+            let answer = policy.decide(5, &failure(), &[NamesRef::unnamed()]);
             assert!(
                 matches!(answer, Err(PolicyError::Fault(_))),
                 "{feature} round {round}: {answer:?}"
@@ -293,7 +298,7 @@ mod sandbox {
             .compile(Kind::Retry, defaults::RETRY_BACKOFF)
             .unwrap();
         let mut good = RetryInstance::new(runtime, &good, b"").unwrap();
-        let answer = good.decide(5, &failure()).unwrap();
+        let answer = good.decide(5, &failure(), &[NamesRef::unnamed()]).unwrap();
         assert!(matches!(
             Decision::read(answer[0]),
             Ok(Decision::RetryAfterMs(_))
@@ -320,7 +325,7 @@ mod sandbox {
     fn a_fault_says_what_the_guest_wrote_before_it() {
         let (runtime, compiled) = hostile_retry("trap");
         let mut policy = RetryInstance::new(runtime, &compiled, b"").unwrap();
-        match policy.decide(5, &failure()) {
+        match policy.decide(5, &failure(), &[NamesRef::unnamed()]) {
             Err(PolicyError::Fault(message)) => assert!(
                 message.contains("it wrote:") && message.contains("a policy that panics at 5"),
                 "{message}"
@@ -354,7 +359,11 @@ mod sandbox {
         let (runtime, compiled) = hostile_retry("wasi-probe");
         let delay_at = |now_ms: u64| {
             let mut policy = RetryInstance::new(runtime.clone(), &compiled, b"").unwrap();
-            match Decision::read(policy.decide(now_ms, &failure()).unwrap()[0]) {
+            match Decision::read(
+                policy
+                    .decide(now_ms, &failure(), &[NamesRef::unnamed()])
+                    .unwrap()[0],
+            ) {
                 Ok(Decision::RetryAfterMs(ms)) => ms,
                 other => panic!("{other:?}"),
             }
@@ -409,7 +418,7 @@ fn a_component_built_before_the_wit_grew_still_loads_and_decides() {
     retry_failure(1, ErrorClass::Transient, 7).write(&mut words);
     retry_failure(1, ErrorClass::Permanent, 7).write(&mut words);
     let decided: Vec<_> = policy
-        .decide(5, &words)
+        .decide(5, &words, &[NamesRef::unnamed(); 2])
         .unwrap()
         .into_iter()
         .map(Decision::read)
@@ -442,7 +451,108 @@ fn a_priority_component_without_fairness_loads_and_weighs_tenants_alike() {
                 ..View::in_bucket(9, Bucket::Normal)
             }
             .words(),
+            NamesRef::unnamed(),
         )
         .unwrap();
     assert_eq!((bucket, rank, timeout), (1, 9, 120_000));
+}
+
+/// Task `seq`'s names for the by-name rules.
+fn named(kind: &str, tenant: &str, device: &str, ed: bool) -> sluice_model::TaskNames {
+    sluice_model::TaskNames {
+        kind: kind.into(),
+        tenant: tenant.into(),
+        device: device.into(),
+        labels: if ed {
+            [("ed".to_owned(), "true".to_owned())].into()
+        } else {
+            Default::default()
+        },
+    }
+}
+
+/// `policies/by-name` (kinds under `oct.`, `ed=true` and tenant `site-er` urgent) decides on
+/// the names the host sends, in batches and one at a time alike.
+#[test]
+fn names_and_labels_reach_a_priority_component_that_reads_them() {
+    let runtime = runtime();
+    let compiled = runtime
+        .compile(Kind::Priority, &super::hostile::by_name("priority"))
+        .unwrap();
+    let mut policy = PriorityInstance::new(runtime, &compiled, b"").unwrap();
+    let cases = [
+        (named("oct.qa", "site-a", "scanner-1", false), 0),
+        (named("ct.scan", "site-a", "scanner-1", false), 2),
+        (named("ct.scan", "site-a", "scanner-1", true), 0),
+        (named("ct.scan", "site-er", "scanner-2", false), 0),
+        (named("octopus", "site-b", "scanner-3", false), 2),
+    ];
+    let mut words = Vec::new();
+    for (seq, _) in cases.iter().enumerate() {
+        View::in_bucket(seq as u64, Bucket::Low).write(&mut words);
+    }
+    let names: Vec<NamesRef> = cases.iter().map(|(n, _)| n.borrowed()).collect();
+    let admitted = policy.admit(0, &words, &names).unwrap();
+    let buckets: Vec<u64> = admitted.chunks(3).map(|a| a[0]).collect();
+    let expected: Vec<u64> = cases.iter().map(|&(_, b)| b).collect();
+    assert_eq!(buckets, expected);
+    for (seq, (names, bucket)) in cases.iter().enumerate() {
+        let view = View::in_bucket(seq as u64, Bucket::Low);
+        let (one, _, _) = policy.admit_one(0, view.words(), names.borrowed()).unwrap();
+        assert_eq!(one, *bucket, "{names:?}");
+    }
+}
+
+#[test]
+fn names_reach_aging_and_retry_components_that_read_them() {
+    let runtime = runtime();
+    let compiled = runtime
+        .compile(Kind::Aging, &super::hostile::by_name("aging"))
+        .unwrap();
+    let mut aging = AgingInstance::new(runtime.clone(), &compiled, b"").unwrap();
+    let cases = [
+        named("ct.scan", "site-a", "scanner-1", false),
+        named("ct.scan", "site-a", "scanner-1", true),
+        named("ct.scan", "site-b", "scanner-2", false),
+    ];
+    let mut waiting = Vec::new();
+    for seq in 0..3 {
+        View::in_bucket(seq, Bucket::Low).write(&mut waiting);
+    }
+    let names: Vec<NamesRef> = cases.iter().map(|n| n.borrowed()).collect();
+    let promotions = aging.age(0, &waiting, &names).unwrap();
+    assert_eq!(
+        promotions
+            .iter()
+            .map(|p| (p.index, p.to))
+            .collect::<Vec<_>>(),
+        [(1, bindings::aging::sluice::policy::types::Bucket::Normal)]
+    );
+    let view = View::in_bucket(1, Bucket::Low);
+    assert!(aging.age_one(0, view.words(), names[0]).unwrap().is_none());
+    assert!(aging.age_one(0, view.words(), names[1]).unwrap().is_some());
+
+    let compiled = runtime
+        .compile(Kind::Retry, &super::hostile::by_name("retry"))
+        .unwrap();
+    let mut retry = RetryInstance::new(runtime, &compiled, b"").unwrap();
+    let failure = retry_failure(1, ErrorClass::Transient, 7);
+    let mut words = Vec::new();
+    failure.write(&mut words);
+    failure.write(&mut words);
+    let decided: Vec<_> = retry
+        .decide(0, &words, &[names[0], names[1]])
+        .unwrap()
+        .into_iter()
+        .map(Decision::read)
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            Ok(Decision::Dead(DeadReason::Policy)),
+            Ok(Decision::RetryAfterMs("scanner-1".len() as u64)),
+        ]
+    );
+    let one = retry.decide_one(0, failure.words(), names[1]).unwrap();
+    assert_eq!(Decision::read(one), Ok(Decision::RetryAfterMs(9)));
 }

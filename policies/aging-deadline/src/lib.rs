@@ -88,12 +88,12 @@ impl sluice_policy::Aging for Settings {
         Settings::from_config(config)
     }
 
-    fn promote(&self, now_ms: u64, task: &View) -> Option<Bucket> {
-        Settings::promote(self, now_ms, task)
+    fn promote(&self, now_ms: u64, task: &sluice_policy::Task) -> Option<Bucket> {
+        Settings::promote(self, now_ms, &task.view)
     }
 }
 
-sluice_policy::aging_policy!(Settings, settings = SETTING_NAMES);
+sluice_policy::aging_policy!(Settings, settings = SETTING_NAMES, names = false);
 
 #[cfg(test)]
 mod tests {

@@ -140,8 +140,8 @@ impl sluice_policy::Priority for Settings {
         self.weights
     }
 
-    fn admit(&self, _now_ms: u64, task: &View) -> Admission {
-        Settings::admit(self, task)
+    fn admit(&self, _now_ms: u64, task: &sluice_policy::Task) -> Admission {
+        Settings::admit(self, &task.view)
     }
 
     fn tenant_weights(&self) -> Vec<(String, u32)> {
@@ -149,7 +149,7 @@ impl sluice_policy::Priority for Settings {
     }
 }
 
-sluice_policy::priority_policy!(Settings, settings = NAMES);
+sluice_policy::priority_policy!(Settings, settings = NAMES, names = false);
 
 #[cfg(test)]
 mod tests {

@@ -93,7 +93,11 @@ impl sluice_policy::Retry for Settings {
     }
 }
 
-sluice_policy::retry_policy!(Settings, settings = ["initial_delay_ms", "max_delay_ms"]);
+sluice_policy::retry_policy!(
+    Settings,
+    settings = ["initial_delay_ms", "max_delay_ms"],
+    names = false,
+);
 
 #[cfg(test)]
 mod tests {

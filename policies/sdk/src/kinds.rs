@@ -1,13 +1,13 @@
 //! One trait per policy kind, the glue from each kind's WIT exports to its trait (batch and
 //! `-one` calls alike), and the macros that export a type implementing the trait.
 
-use crate::Instance;
 use crate::split::{ShardFilter, SplitRequest, Subtask, without_layout as old};
+use crate::{Failure, Instance, NO_NAMES, Names, Task};
 use alloc::string::String;
 use alloc::vec::Vec;
 use policy_config::Config;
 use policy_packed::{
-    ADMISSION_WORDS, Admission, Bucket, Decision, FAILURE_WORDS, Failure, FailureWords, Hit, Part,
+    ADMISSION_WORDS, Admission, Bucket, Decision, FAILURE_WORDS, FailureWords, Hit, Part,
     VIEW_WORDS, View,
 };
 
@@ -17,7 +17,7 @@ pub trait Priority: Sized + 'static {
     fn init(config: &Config) -> Result<Self, String>;
     /// Shares of claims served from urgent, normal and low.
     fn bucket_weights(&self) -> [u32; 3];
-    fn admit(&self, now_ms: u64, task: &View) -> Admission;
+    fn admit(&self, now_ms: u64, task: &Task) -> Admission;
     /// Fair share inside a bucket: weights (1 to 10,000) by tenant name; a tenant not named
     /// weighs 1. The default names none: every tenant the same.
     fn tenant_weights(&self) -> Vec<(String, u32)> {
@@ -28,7 +28,7 @@ pub trait Priority: Sized + 'static {
 /// Aging: the bucket to move a task to, if it has waited too long where it is.
 pub trait Aging: Sized + 'static {
     fn init(config: &Config) -> Result<Self, String>;
-    fn promote(&self, now_ms: u64, task: &View) -> Option<Bucket>;
+    fn promote(&self, now_ms: u64, task: &Task) -> Option<Bucket>;
 }
 
 /// Retry: what becomes of a failed attempt (a delay, or dead).
@@ -57,6 +57,18 @@ pub mod glue {
     /// A word no decision has: the host counts it as a fault of the policy.
     const UNUSABLE: u64 = u64::MAX;
 
+    /// A batch's names as the host sent them (`named-*` exports): each distinct one, and which
+    /// one each task has. `None` for a call without names (the tasks' names are empty).
+    pub type BatchNames<'a> = Option<(&'a [Names], &'a [u32])>;
+
+    /// Task `index`'s names; `None` when the host sent too few (a fault it counts).
+    fn names_at<'a>(names: BatchNames<'a>, index: usize) -> Option<&'a Names> {
+        match names {
+            None => Some(&NO_NAMES),
+            Some((distinct, which)) => distinct.get(*which.get(index)? as usize),
+        }
+    }
+
     pub fn init<P>(
         instance: &Instance<P>,
         config: &[u8],
@@ -78,14 +90,22 @@ pub mod glue {
         instance.with(|p| p.tenant_weights()).unwrap_or_default()
     }
 
-    pub fn admit<P: Priority>(instance: &Instance<P>, now_ms: u64, tasks: &[u64]) -> Vec<u64> {
+    pub fn admit<P: Priority>(
+        instance: &Instance<P>,
+        now_ms: u64,
+        tasks: &[u64],
+        names: BatchNames,
+    ) -> Vec<u64> {
         instance
             .with(|p| {
                 let mut answers = Vec::with_capacity(tasks.len() / VIEW_WORDS * ADMISSION_WORDS);
                 // A malformed view ends the answer short: a fault the host counts.
-                for words in tasks.chunks_exact(VIEW_WORDS) {
-                    let Ok(task) = View::read(words) else { break };
-                    p.admit(now_ms, &task).write(&mut answers);
+                for (index, words) in tasks.chunks_exact(VIEW_WORDS).enumerate() {
+                    let Ok(view) = View::read(words) else { break };
+                    let Some(names) = names_at(names, index) else {
+                        break;
+                    };
+                    p.admit(now_ms, &Task::new(view, names)).write(&mut answers);
                 }
                 answers
             })
@@ -96,10 +116,11 @@ pub mod glue {
         instance: &Instance<P>,
         now_ms: u64,
         task: (u64, u64, u64, u64, u64, u64),
+        names: &Names,
     ) -> (u64, u64, u64) {
         View::from_words(task)
             .ok()
-            .and_then(|task| instance.with(|p| p.admit(now_ms, &task).words()))
+            .and_then(|view| instance.with(|p| p.admit(now_ms, &Task::new(view, names)).words()))
             .unwrap_or((UNUSABLE, 0, 0))
     }
 
@@ -108,17 +129,21 @@ pub mod glue {
         instance: &Instance<P>,
         now_ms: u64,
         waiting: &[u64],
+        names: BatchNames,
     ) -> Vec<(u32, Bucket)> {
         instance
             .with(|p| {
-                waiting
-                    .chunks_exact(VIEW_WORDS)
-                    .map_while(|words| View::read(words).ok())
-                    .enumerate()
-                    .filter_map(|(index, task)| {
-                        p.promote(now_ms, &task).map(|to| (index as u32, to))
-                    })
-                    .collect()
+                let mut promotions = Vec::new();
+                for (index, words) in waiting.chunks_exact(VIEW_WORDS).enumerate() {
+                    let Ok(view) = View::read(words) else { break };
+                    let Some(names) = names_at(names, index) else {
+                        break;
+                    };
+                    if let Some(to) = p.promote(now_ms, &Task::new(view, names)) {
+                        promotions.push((index as u32, to));
+                    }
+                }
+                promotions
             })
             .unwrap_or_default()
     }
@@ -127,27 +152,48 @@ pub mod glue {
         instance: &Instance<P>,
         now_ms: u64,
         task: (u64, u64, u64, u64, u64, u64),
+        names: &Names,
     ) -> Option<Bucket> {
-        let task = View::from_words(task).ok()?;
-        instance.with(|p| p.promote(now_ms, &task)).flatten()
+        let view = View::from_words(task).ok()?;
+        instance
+            .with(|p| p.promote(now_ms, &Task::new(view, names)))
+            .flatten()
     }
 
-    pub fn decide<P: Retry>(instance: &Instance<P>, now_ms: u64, failures: &[u64]) -> Vec<u64> {
+    pub fn decide<P: Retry>(
+        instance: &Instance<P>,
+        now_ms: u64,
+        failures: &[u64],
+        names: BatchNames,
+    ) -> Vec<u64> {
         instance
             .with(|p| {
-                failures
-                    .chunks_exact(FAILURE_WORDS)
-                    .map_while(|words| Failure::read(words).ok())
-                    .map(|failure| p.decide(now_ms, &failure).word())
-                    .collect()
+                let mut decisions = Vec::with_capacity(failures.len() / FAILURE_WORDS);
+                for (index, words) in failures.chunks_exact(FAILURE_WORDS).enumerate() {
+                    let Ok(failure) = policy_packed::Failure::read(words) else {
+                        break;
+                    };
+                    let Some(names) = names_at(names, index) else {
+                        break;
+                    };
+                    decisions.push(p.decide(now_ms, &Failure::new(failure, names)).word());
+                }
+                decisions
             })
             .unwrap_or_default()
     }
 
-    pub fn decide_one<P: Retry>(instance: &Instance<P>, now_ms: u64, failure: FailureWords) -> u64 {
-        Failure::from_words(failure)
+    pub fn decide_one<P: Retry>(
+        instance: &Instance<P>,
+        now_ms: u64,
+        failure: FailureWords,
+        names: &Names,
+    ) -> u64 {
+        policy_packed::Failure::from_words(failure)
             .ok()
-            .and_then(|failure| instance.with(|p| p.decide(now_ms, &failure).word()))
+            .and_then(|failure| {
+                instance.with(|p| p.decide(now_ms, &Failure::new(failure, names)).word())
+            })
             .unwrap_or(UNUSABLE)
     }
 
@@ -209,16 +255,31 @@ pub mod glue {
 }
 
 /// Exports `$policy: Priority` as a priority-policy component; `settings` are the names its
-/// config may set (any other is refused at `init`).
+/// config may set (any other is refused at `init`). The policy reads each task's names; with
+/// `names = false` it says it reads none, the host sends none, and every task's names are
+/// empty (the default policies, which rank by bucket and arrival alone, save their copy).
 #[macro_export]
 macro_rules! priority_policy {
+    ($policy:ty, settings = $names:expr, names = false $(,)?) => {
+        $crate::__priority_export!($policy, $names, false);
+    };
     ($policy:ty, settings = $names:expr $(,)?) => {
+        $crate::__priority_export!($policy, $names, true);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __priority_export {
+    ($policy:ty, $names:expr, $reads_names:literal) => {
         #[cfg(target_arch = "wasm32")]
         mod __sluice_policy_export {
             use super::*;
-            use $crate::__private::{String, Vec, glue};
+            use $crate::__private::{NO_NAMES, String, Vec, glue, names};
             use $crate::bindings::priority::exports::sluice::policy::fairness::Guest as Fairness;
+            use $crate::bindings::priority::exports::sluice::policy::named_priority::Guest as Named;
             use $crate::bindings::priority::exports::sluice::policy::priority::Guest;
+            use $crate::bindings::priority::sluice::policy::names::TaskNames;
             static INSTANCE: $crate::Instance<$policy> = $crate::Instance::new();
             pub struct Component;
             impl Fairness for Component {
@@ -234,10 +295,22 @@ macro_rules! priority_policy {
                     glue::bucket_weights(&INSTANCE)
                 }
                 fn admit(now_ms: u64, tasks: Vec<u64>) -> Vec<u64> {
-                    glue::admit(&INSTANCE, now_ms, &tasks)
+                    glue::admit(&INSTANCE, now_ms, &tasks, None)
                 }
                 fn admit_one(now_ms: u64, task: (u64, u64, u64, u64, u64, u64)) -> (u64, u64, u64) {
-                    glue::admit_one(&INSTANCE, now_ms, task)
+                    glue::admit_one(&INSTANCE, now_ms, task, &NO_NAMES)
+                }
+            }
+            impl Named for Component {
+                fn reads_names() -> bool {
+                    $reads_names
+                }
+                fn admit(now_ms: u64, tasks: Vec<u64>, names: Vec<TaskNames>, which: Vec<u32>) -> Vec<u64> {
+                    let names = names!(names);
+                    glue::admit(&INSTANCE, now_ms, &tasks, Some((&names, &which)))
+                }
+                fn admit_one(now_ms: u64, task: (u64, u64, u64, u64, u64, u64), names: TaskNames) -> (u64, u64, u64) {
+                    glue::admit_one(&INSTANCE, now_ms, task, &names!(one names))
                 }
             }
             $crate::bindings::priority::__export_priority_world!(Component with_types_in $crate::bindings::priority);
@@ -245,15 +318,51 @@ macro_rules! priority_policy {
     };
 }
 
-/// Exports `$policy: Aging` as an aging-policy component.
+/// The SDK's names from the bindings' record: `names!(list)` for a batch's, `names!(one
+/// record)` for one task's.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __names {
+    (one $record:expr) => {{
+        let record = $record;
+        $crate::Names {
+            kind: record.kind,
+            tenant: record.tenant,
+            device: record.device,
+            labels: record.labels,
+        }
+    }};
+    ($list:expr) => {
+        $list
+            .into_iter()
+            .map(|record| $crate::__names!(one record))
+            .collect::<$crate::__private::Vec<$crate::Names>>()
+    };
+}
+
+/// Exports `$policy: Aging` as an aging-policy component; `names = false` as in
+/// [`priority_policy!`].
 #[macro_export]
 macro_rules! aging_policy {
+    ($policy:ty, settings = $names:expr, names = false $(,)?) => {
+        $crate::__aging_export!($policy, $names, false);
+    };
     ($policy:ty, settings = $names:expr $(,)?) => {
+        $crate::__aging_export!($policy, $names, true);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __aging_export {
+    ($policy:ty, $names:expr, $reads_names:literal) => {
         #[cfg(target_arch = "wasm32")]
         mod __sluice_policy_export {
             use super::*;
-            use $crate::__private::{String, Vec, glue};
+            use $crate::__private::{NO_NAMES, String, Vec, glue, names};
             use $crate::bindings::aging::exports::sluice::policy::aging::{Guest, Promotion};
+            use $crate::bindings::aging::exports::sluice::policy::named_aging;
+            use $crate::bindings::aging::sluice::policy::names::TaskNames;
             use $crate::bindings::aging::sluice::policy::types::Bucket as WitBucket;
             static INSTANCE: $crate::Instance<$policy> = $crate::Instance::new();
             fn wit(bucket: $crate::Bucket) -> WitBucket {
@@ -269,13 +378,28 @@ macro_rules! aging_policy {
                     glue::init(&INSTANCE, &config, &$names, <$policy as $crate::Aging>::init)
                 }
                 fn age(now_ms: u64, waiting: Vec<u64>) -> Vec<Promotion> {
-                    glue::age(&INSTANCE, now_ms, &waiting)
+                    glue::age(&INSTANCE, now_ms, &waiting, None)
                         .into_iter()
                         .map(|(index, to)| Promotion { index, to: wit(to) })
                         .collect()
                 }
                 fn age_one(now_ms: u64, task: (u64, u64, u64, u64, u64, u64)) -> Option<WitBucket> {
-                    glue::age_one(&INSTANCE, now_ms, task).map(wit)
+                    glue::age_one(&INSTANCE, now_ms, task, &NO_NAMES).map(wit)
+                }
+            }
+            impl named_aging::Guest for Component {
+                fn reads_names() -> bool {
+                    $reads_names
+                }
+                fn age(now_ms: u64, waiting: Vec<u64>, names: Vec<TaskNames>, which: Vec<u32>) -> Vec<named_aging::Promotion> {
+                    let names = names!(names);
+                    glue::age(&INSTANCE, now_ms, &waiting, Some((&names, &which)))
+                        .into_iter()
+                        .map(|(index, to)| named_aging::Promotion { index, to: wit(to) })
+                        .collect()
+                }
+                fn age_one(now_ms: u64, task: (u64, u64, u64, u64, u64, u64), names: TaskNames) -> Option<WitBucket> {
+                    glue::age_one(&INSTANCE, now_ms, task, &names!(one names)).map(wit)
                 }
             }
             $crate::bindings::aging::__export_aging_world!(Component with_types_in $crate::bindings::aging);
@@ -283,15 +407,29 @@ macro_rules! aging_policy {
     };
 }
 
-/// Exports `$policy: Retry` as a retry-policy component.
+/// Exports `$policy: Retry` as a retry-policy component; `names = false` as in
+/// [`priority_policy!`].
 #[macro_export]
 macro_rules! retry_policy {
+    ($policy:ty, settings = $names:expr, names = false $(,)?) => {
+        $crate::__retry_export!($policy, $names, false);
+    };
     ($policy:ty, settings = $names:expr $(,)?) => {
+        $crate::__retry_export!($policy, $names, true);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __retry_export {
+    ($policy:ty, $names:expr, $reads_names:literal) => {
         #[cfg(target_arch = "wasm32")]
         mod __sluice_policy_export {
             use super::*;
-            use $crate::__private::{String, Vec, glue};
+            use $crate::__private::{NO_NAMES, String, Vec, glue, names};
+            use $crate::bindings::retry::exports::sluice::policy::named_retry;
             use $crate::bindings::retry::exports::sluice::policy::retry::Guest;
+            use $crate::bindings::retry::sluice::policy::names::TaskNames;
             static INSTANCE: $crate::Instance<$policy> = $crate::Instance::new();
             pub struct Component;
             impl Guest for Component {
@@ -299,13 +437,29 @@ macro_rules! retry_policy {
                     glue::init(&INSTANCE, &config, &$names, <$policy as $crate::Retry>::init)
                 }
                 fn decide(now_ms: u64, failures: Vec<u64>) -> Vec<u64> {
-                    glue::decide(&INSTANCE, now_ms, &failures)
+                    glue::decide(&INSTANCE, now_ms, &failures, None)
                 }
                 fn decide_one(
                     now_ms: u64,
                     failure: (u64, u64, u64, u64, u64, u64, u64, u64),
                 ) -> u64 {
-                    glue::decide_one(&INSTANCE, now_ms, failure)
+                    glue::decide_one(&INSTANCE, now_ms, failure, &NO_NAMES)
+                }
+            }
+            impl named_retry::Guest for Component {
+                fn reads_names() -> bool {
+                    $reads_names
+                }
+                fn decide(now_ms: u64, failures: Vec<u64>, names: Vec<TaskNames>, which: Vec<u32>) -> Vec<u64> {
+                    let names = names!(names);
+                    glue::decide(&INSTANCE, now_ms, &failures, Some((&names, &which)))
+                }
+                fn decide_one(
+                    now_ms: u64,
+                    failure: (u64, u64, u64, u64, u64, u64, u64, u64),
+                    names: TaskNames,
+                ) -> u64 {
+                    glue::decide_one(&INSTANCE, now_ms, failure, &names!(one names))
                 }
             }
             $crate::bindings::retry::__export_retry_world!(Component with_types_in $crate::bindings::retry);

@@ -29,6 +29,7 @@ extern crate alloc;
 
 mod instance;
 pub mod kinds;
+mod task;
 
 pub use instance::Instance;
 pub use kinds::{Aging, Merge, Priority, Retry, Split};
@@ -37,18 +38,19 @@ pub use policy_config::{Config, ConfigError, check_children};
 /// above do not cover.
 pub use policy_packed as packed;
 pub use policy_packed::{
-    Admission, Bucket, DeadReason, Decision, ErrorClass, Failure, Hit, Malformed, Part,
-    View as Task,
+    Admission, Bucket, DeadReason, Decision, ErrorClass, Hit, Malformed, Part, View,
 };
+pub use task::{Failure, NO_NAMES, Names, Task};
 
 /// The WIT bindings of each kind's world, for the macros (and for `split`'s request and
 /// answer types).
 pub mod bindings {
     pub mod priority {
-        // The priority world with the fairness export: every SDK priority component answers
-        // `tenant-weights` (none named, unless the policy overrides `tenant_weights`).
+        // The priority world with the fairness and names exports: every SDK priority component
+        // answers `tenant-weights` (none named, unless the policy overrides `tenant_weights`)
+        // and `reads-names`.
         wit_bindgen::generate!({
-            world: "fair-priority-policy",
+            world: "named-priority-policy",
             path: "wit",
             pub_export_macro: true,
             export_macro_name: "__export_priority_world",
@@ -57,7 +59,7 @@ pub mod bindings {
     }
     pub mod aging {
         wit_bindgen::generate!({
-            world: "aging-policy",
+            world: "named-aging-policy",
             path: "wit",
             pub_export_macro: true,
             export_macro_name: "__export_aging_world",
@@ -66,7 +68,7 @@ pub mod bindings {
     }
     pub mod retry {
         wit_bindgen::generate!({
-            world: "retry-policy",
+            world: "named-retry-policy",
             path: "wit",
             pub_export_macro: true,
             export_macro_name: "__export_retry_world",
@@ -135,6 +137,8 @@ pub mod split {
 /// What the macros' expansions name; not part of the SDK's API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::__names as names;
+    pub use crate::NO_NAMES;
     pub use crate::kinds::glue;
     pub use alloc::string::String;
     pub use alloc::vec::Vec;

@@ -7,7 +7,7 @@ use crate::{
     CallbackOutcome, Due, Report, RetryDecision, Verdict, WorkerView, failure_view, judge_report,
 };
 use rand::Rng;
-use sluice_model::{Actor, FailureClass, State, Task, TaskId};
+use sluice_model::{Actor, FailureClass, NamesRef, State, Task, TaskId};
 
 /// Timers handled per tick at most; the rest wait for the next tick.
 const DUE_PER_TICK: usize = 1_024;
@@ -208,7 +208,8 @@ impl Stepper<'_> {
             .iter()
             .map(|(task, class, _)| failure_view(task, *class, self.random.random()))
             .collect();
-        let decided = self.decide.retry(now_ms, &views);
+        let names: Vec<NamesRef> = failed.iter().map(|(task, _, _)| task.into()).collect();
+        let decided = self.decide.retry(now_ms, &views, &names);
         let mut decisions = decided.answer.into_iter();
         failed
             .into_iter()
@@ -415,18 +416,22 @@ impl Stepper<'_> {
         // group (no experiment), and at most one per variant of the running one besides
         // tasks of an ended experiment.
         let mut groups: std::collections::BTreeMap<_, Vec<usize>> = Default::default();
-        for (index, (_, _, variant)) in waiting.iter().enumerate() {
+        for (index, shown) in waiting.iter().enumerate() {
             groups
-                .entry(variant.map(|tag| (tag.experiment, tag.variant)))
+                .entry(shown.variant.map(|tag| (tag.experiment, tag.variant)))
                 .or_default()
                 .push(index);
         }
         for indices in groups.into_values() {
-            let variant = waiting[indices[0]].2;
-            let views: Vec<_> = indices.iter().map(|&i| waiting[i].1).collect();
-            let decided = self.decide.age(now_ms, variant, &views);
+            let variant = waiting[indices[0]].variant;
+            let views: Vec<_> = indices.iter().map(|&i| waiting[i].view).collect();
+            let names: Vec<NamesRef> = indices
+                .iter()
+                .map(|&i| waiting[i].names.borrowed())
+                .collect();
+            let decided = self.decide.age(now_ms, variant, &views, &names);
             for (index, to) in decided.answer {
-                let Some(&(id, _, _)) = indices.get(index as usize).map(|&i| &waiting[i]) else {
+                let Some(id) = indices.get(index as usize).map(|&i| waiting[i].id) else {
                     continue;
                 };
                 let promoted = self

@@ -36,15 +36,17 @@ impl Decide for Shards {
         now_ms: u64,
         variant: Option<sluice_model::VariantTag>,
         waiting: &[policy_packed::View],
+        names: &[sluice_model::NamesRef<'_>],
     ) -> Decided<Vec<(u32, policy_packed::Bucket)>> {
-        self.native.age(now_ms, variant, waiting)
+        self.native.age(now_ms, variant, waiting, names)
     }
     fn retry(
         &self,
         now_ms: u64,
         failures: &[policy_packed::Failure],
+        names: &[sluice_model::NamesRef<'_>],
     ) -> Decided<Vec<sluice_engine::RetryDecision>> {
-        self.native.retry(now_ms, failures)
+        self.native.retry(now_ms, failures, names)
     }
     fn split(&self, _now_ms: u64, _input: &SplitInput) -> Result<Decided<SplitAnswer>, String> {
         Ok(Decided {

@@ -7,6 +7,7 @@
 
 use anyhow::Context;
 use policy_packed::{Bucket, ErrorClass, Failure, Hit, View};
+use sluice_model::{NamesRef, TaskNames};
 use sluice_policy_runtime::{
     AgingInstance, Kind, MergeInstance, PolicyRegistry, PolicyRuntime, PriorityInstance,
     RegistryOptions, RetryInstance, RuntimeOptions, defaults,
@@ -272,17 +273,26 @@ fn measure_registry(registry: &PolicyRegistry) -> anyhow::Result<()> {
         .runtime()
         .compile(Kind::Retry, defaults::RETRY_BACKOFF)?;
     let mut instance = RetryInstance::new(registry.runtime().clone(), &compiled, b"")?;
+    let failure_names = names(1);
     let rounds = 40_000u32;
     let (direct, through) = best_of(|| {
         let direct = timed(|| {
             for _ in 0..rounds {
-                std::hint::black_box(instance.decide_one(1, failure.words())?);
+                std::hint::black_box(instance.decide_one(
+                    1,
+                    failure.words(),
+                    failure_names[0].borrowed(),
+                )?);
             }
             Ok(())
         })?;
         let through = timed(|| {
             for _ in 0..rounds {
-                std::hint::black_box(registry.retry(1, std::slice::from_ref(&failure))?);
+                std::hint::black_box(registry.retry(
+                    1,
+                    std::slice::from_ref(&failure),
+                    &refs(&failure_names),
+                )?);
             }
             Ok(())
         })?;
@@ -317,6 +327,28 @@ fn view(seq: u64, bucket: Bucket, bucket_since_ms: u64) -> View {
     }
 }
 
+/// The names of tasks 0 to `count` - 1: as many tenants and kinds as their views' codes, a
+/// device each, and labels on some (passed to every decision, read by the policies that read
+/// names).
+fn names(count: usize) -> Vec<TaskNames> {
+    (0..count as u64)
+        .map(|n| TaskNames {
+            kind: format!("kind-{}", n % 3),
+            tenant: format!("site-{}", n % 7),
+            device: format!("scanner-{n}"),
+            labels: if n % 4 == 0 {
+                [("ed".to_owned(), "true".to_owned())].into()
+            } else {
+                Default::default()
+            },
+        })
+        .collect()
+}
+
+fn refs(names: &[TaskNames]) -> Vec<NamesRef<'_>> {
+    names.iter().map(TaskNames::borrowed).collect()
+}
+
 fn retry(
     registry: &PolicyRegistry,
     batch: usize,
@@ -330,9 +362,11 @@ fn retry(
             random: n.wrapping_mul(0x9e37_79b9_7f4a_7c15),
         })
         .collect();
+    let names = names(batch);
+    let names = refs(&names);
     let wasm = timed(|| {
         for _ in 0..rounds {
-            std::hint::black_box(registry.retry(1, &failures)?);
+            std::hint::black_box(registry.retry(1, &failures, &names)?);
         }
         Ok(())
     })?;
@@ -358,9 +392,11 @@ fn priority(
     let tasks: Vec<View> = (0..batch as u64)
         .map(|n| view(n, Bucket::ALL[n as usize % 3], 0))
         .collect();
+    let names = names(batch);
+    let names = refs(&names);
     let wasm = timed(|| {
         for _ in 0..rounds {
-            std::hint::black_box(registry.admit(1, None, &tasks)?);
+            std::hint::black_box(registry.admit(1, None, &tasks, &names)?);
         }
         Ok(())
     })?;
@@ -388,9 +424,11 @@ fn aging(
             view(n, Bucket::Low, since)
         })
         .collect();
+    let names = names(batch);
+    let names = refs(&names);
     let wasm = timed(|| {
         for _ in 0..rounds {
-            std::hint::black_box(registry.age(now_ms, None, &waiting)?);
+            std::hint::black_box(registry.age(now_ms, None, &waiting, &names)?);
         }
         Ok(())
     })?;
