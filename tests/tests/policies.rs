@@ -259,3 +259,41 @@ async fn an_activation_takes_the_new_bucket_weights_without_waiting_for_an_aging
     assert_eq!(rolled.status, 200, "{:?}", rolled.body);
     wait_for_weights(&client, &server, json!([60, 35, 5])).await;
 }
+
+/// Names reach live decisions: `policies/by-name` puts kinds under `oct.`, an `ed=true` label
+/// and tenant `site-er` in urgent; a task that is none of these keeps its bucket. The default
+/// policy, which reads no names, admitted the same tasks by their submitted bucket before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_on_a_label_or_a_tenant_decides_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"));
+    let client = http();
+    let bucket_of = async |spec: Value| {
+        let created = post_json(&client, &server.endpoint("/v1/tasks"), &spec).await;
+        assert_eq!(created.status, 201, "{:?}", created.body);
+        created.body["bucket"].as_str().unwrap().to_owned()
+    };
+    let er = json!({"kind": "ct.scan", "priority": "low", "tenant": "site-er"});
+    let ed = json!({"kind": "ct.scan", "priority": "low", "labels": {"ed": "true"}});
+    let plain = json!({"kind": "ct.scan", "priority": "low", "tenant": "site-a"});
+    for spec in [&er, &ed, &plain] {
+        assert_eq!(bucket_of(spec.clone()).await, "low");
+    }
+    let component = policy_component("by-name", Some("priority"));
+    let uploaded = put_policy(&client, &server, "priority", component, None).await;
+    assert_eq!(uploaded.status, 201, "{:?}", uploaded.body);
+    let activated = post_json(
+        &client,
+        &server.endpoint("/v1/policies/priority/activate"),
+        &json!({"version": uploaded.body["version"]}),
+    )
+    .await;
+    assert_eq!(activated.status, 200, "{:?}", activated.body);
+    assert_eq!(bucket_of(er).await, "urgent");
+    assert_eq!(bucket_of(ed).await, "urgent");
+    assert_eq!(bucket_of(plain).await, "low");
+    assert_eq!(
+        bucket_of(json!({"kind": "oct.qa", "priority": "normal"})).await,
+        "urgent"
+    );
+}

@@ -229,3 +229,154 @@ async fn memory_and_fuel_are_granted_per_version() {
     let counters = get_json(&client, &server.endpoint("/v1/policies/retry")).await;
     assert_eq!(counters.body["faults_total"], 0, "{:?}", counters.body);
 }
+
+/// The acceptance's first rule: `sluice policy new priority` writes a policy on names whose
+/// own unit tests pass natively; built, checked, uploaded with `urgent_prefixes=oct.` and
+/// activated through the CLI, it puts a task of kind `oct.qa` submitted low in urgent, keeps
+/// `ct.scan` low, and moves an `ed=true` task to urgent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priority_policy_from_the_template_reads_kinds_and_labels_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    succeeded(sluice(&[
+        "policy", "new", "priority", "by-kind", "--dir", path,
+    ]));
+    let project = dir.path().join("by-kind");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let tested = std::process::Command::new(env!("CARGO"))
+        .args(["test", "--quiet", "--target-dir"])
+        .arg(root.join("target/policies-tests-native"))
+        .current_dir(&project)
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .unwrap();
+    let test_output = String::from_utf8_lossy(&tested.stdout);
+    assert!(
+        tested.status.success() && test_output.contains("2 passed"),
+        "the template's own tests: {test_output}{}",
+        String::from_utf8_lossy(&tested.stderr)
+    );
+    let file = dir.path().join("by_kind.wasm");
+    std::fs::write(&file, build_policy_project(&project, "by-kind")).unwrap();
+    let file = file.to_str().unwrap();
+    let config = ["--config", "urgent_prefixes=oct."];
+    let checked = succeeded(sluice(&[&["policy", "check", file][..], &config].concat()));
+    assert!(checked.contains("is a priority policy"), "{checked}");
+
+    let server = Server::start(&dir.path().join("data"));
+    let upload = [
+        &[
+            "policy",
+            "upload",
+            "--server",
+            &server.url,
+            "priority",
+            file,
+        ][..],
+        &config,
+    ]
+    .concat();
+    let uploaded: Value = serde_json::from_str(&succeeded(sluice(&upload))).unwrap();
+    let version = uploaded["version"].as_u64().unwrap().to_string();
+    let activate = [
+        "policy",
+        "activate",
+        "--server",
+        &server.url,
+        "priority",
+        &version,
+    ];
+    succeeded(sluice(&activate));
+
+    let client = http();
+    let bucket_of = async |spec: Value| {
+        let created = post_json(&client, &server.endpoint("/v1/tasks"), &spec).await;
+        assert_eq!(created.status, 201, "{:?}", created.body);
+        created.body["bucket"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(
+        bucket_of(json!({"kind": "oct.qa", "priority": "low"})).await,
+        "urgent"
+    );
+    assert_eq!(
+        bucket_of(json!({"kind": "ct.scan", "priority": "low"})).await,
+        "low"
+    );
+    assert_eq!(
+        bucket_of(json!({"kind": "ct.scan", "priority": "low", "labels": {"ed": "true"}})).await,
+        "urgent"
+    );
+}
+
+/// A file that cannot be a policy is refused in at most two lines that say what it is, by the
+/// CLI (non-zero exit) and over HTTP (422 problem+json), never with its bytes dumped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_refusal_names_what_the_file_is_in_two_lines_at_most() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let random: Vec<u8> = (0..300u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 | 0x80)
+        .collect();
+    let priority = policy_component("by-name", Some("priority"));
+    let cases = [
+        (
+            write("random.bin", &random),
+            None,
+            "not WebAssembly: 300 bytes",
+        ),
+        (
+            write("notes.txt", b"hello policy\n"),
+            None,
+            "text beginning `hello policy`",
+        ),
+        (
+            write("core.wasm", b"\0asm\x01\0\0\0"),
+            None,
+            "a core WebAssembly module, not a component",
+        ),
+        (
+            write("core.wasm", b"\0asm\x01\0\0\0"),
+            Some("retry"),
+            "cargo build --release --target wasm32-wasip2",
+        ),
+        (
+            write("p.wasm", &priority),
+            Some("retry"),
+            "a priority policy, not a retry one",
+        ),
+    ];
+    for (file, kind, expected) in &cases {
+        let mut args = vec!["policy", "check", file.as_str()];
+        if let Some(kind) = kind {
+            args.extend(["--kind", kind]);
+        }
+        let refused = sluice(&args);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{file} {kind:?} passed");
+        assert!(stderr.contains(expected), "{file} {kind:?}: {stderr}");
+        assert!(
+            stderr.trim().lines().count() <= 2,
+            "{file} {kind:?}: {stderr}"
+        );
+        assert!(!stderr.contains("0x"), "{stderr}");
+    }
+
+    let server = Server::start(&dir.path().join("data"));
+    let client = http();
+    let core = put_policy(&client, &server, "retry", b"\0asm\x01\0\0\0".to_vec(), None).await;
+    assert_problem(&core, 422, "policy-refused");
+    let detail = core.body["detail"].as_str().unwrap();
+    assert!(detail.contains("a core WebAssembly module"), "{detail}");
+    let wrong = put_policy(&client, &server, "retry", priority, None).await;
+    assert_problem(&wrong, 422, "policy-refused");
+    let detail = wrong.body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("a priority policy, not a retry one"),
+        "{detail}"
+    );
+}

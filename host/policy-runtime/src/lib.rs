@@ -15,6 +15,7 @@ mod merge_scores;
 mod metrics;
 mod names;
 mod pool;
+mod refusals;
 mod registry;
 mod runtime;
 mod sample;

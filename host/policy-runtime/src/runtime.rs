@@ -7,6 +7,7 @@
 //! with 4 deciding threads on 2 cores). Fuel faults the same call on every run, which keeps
 //! decisions replayable.
 
+use super::refusals;
 use super::wasi::{self, HasWasi, WasiState};
 use sluice_store::PolicyCatalog;
 use wasmtime::component::{Component, InstancePre, Linker};
@@ -16,11 +17,13 @@ pub use sluice_model::PolicyKind as Kind;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
-    #[error("not a valid component: {0}")]
+    /// What the bytes are instead, in one line.
+    #[error("{0}")]
     Compile(String),
     #[error("imports {}, which policies are not granted", .0.join(", "))]
     ForbiddenImport(Vec<String>),
-    #[error("does not export the {0} policy world: {1}")]
+    /// The kind asked for, and what the component is instead.
+    #[error("{1}")]
     WrongWorld(Kind, String),
     #[error("init refused its config: {0}")]
     Init(String),
@@ -189,9 +192,21 @@ impl PolicyRuntime {
     /// Compiles `bytes` as a component of `kind`: it must be a component, import only what
     /// the allowlist grants, and export its kind's world.
     pub fn compile(&self, kind: Kind, bytes: &[u8]) -> Result<Compiled, PolicyError> {
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| PolicyError::Compile(format!("{e:#}")))?;
+        let component = self.component(bytes)?;
         self.prepare(kind, component)
+    }
+
+    /// The bytes compiled, or a one-line refusal saying what they are instead.
+    fn component(&self, bytes: &[u8]) -> Result<Component, PolicyError> {
+        if let Some(what) = refusals::not_a_component(bytes) {
+            return Err(PolicyError::Compile(what));
+        }
+        Component::new(&self.engine, bytes).map_err(|e| {
+            PolicyError::Compile(format!(
+                "not a valid component: {}",
+                refusals::one_line(&format!("{e:#}"))
+            ))
+        })
     }
 
     /// Like `compile`, but takes the machine code from `cache` when an earlier compile of the
@@ -218,8 +233,7 @@ impl PolicyRuntime {
             Ok(None) => {}
             Err(error) => tracing::warn!(%error, sha256, "cannot read the policy code cache"),
         }
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| PolicyError::Compile(format!("{e:#}")))?;
+        let component = self.component(bytes)?;
         let compiled = self.prepare(kind, component.clone())?;
         match component.serialize() {
             Ok(code) => {
@@ -382,7 +396,13 @@ pub fn exported_kind(bytes: &[u8]) -> Option<Kind> {
 impl Compiled {
     fn check_world(&self) -> Result<(), PolicyError> {
         use super::bindings::*;
-        let wrong = |e: wasmtime::Error| PolicyError::WrongWorld(self.kind, format!("{e:#}"));
+        let wrong = |_: wasmtime::Error| {
+            let component = self.pre.component();
+            let exports = component.component_type();
+            let engine = component.engine();
+            let names = exports.exports(engine).map(|(name, _)| name);
+            PolicyError::WrongWorld(self.kind, refusals::wrong_world(self.kind, names))
+        };
         let pre = self.pre.clone();
         match self.kind {
             Kind::Priority => priority::PriorityPolicyPre::new(pre)

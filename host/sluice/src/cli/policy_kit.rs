@@ -13,10 +13,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The SDK and the crates under it, vendored into every new project.
-const VENDORED: [(&str, &str); 8] = [
+const VENDORED: [(&str, &str); 9] = [
     (
         "vendor/sluice-policy/src/lib.rs",
         include_str!("../../../../policies/sdk/src/lib.rs"),
+    ),
+    (
+        "vendor/sluice-policy/src/task.rs",
+        include_str!("../../../../policies/sdk/src/task.rs"),
     ),
     (
         "vendor/sluice-policy/src/kinds.rs",
@@ -294,20 +298,29 @@ pub fn check(
                 check: Check::World | Check::Imports,
                 detail,
             }) if !named => refusals.push((kind, detail)),
+            // What the file is, whatever the kind: said once, without a kind.
+            Err(RegistryError::Refused {
+                check: Check::Compile,
+                detail,
+            }) => bail!("refused: {detail}"),
             Err(RegistryError::Refused { check, detail }) => {
-                bail!("refused as a policy of kind {kind}, at the {check} check: {detail}")
+                bail!("refused as a {kind} policy, at the {check} check: {detail}")
             }
             Err(other) => return Err(other.into()),
         }
     }
-    let tried: Vec<String> = refusals
+    // Every kind refused it for its world or its imports: a component of no policy world, or
+    // one importing what no policy may (the same for every kind, so said once).
+    match refusals
         .iter()
-        .map(|(kind, detail)| format!("{kind}: {detail}"))
-        .collect();
-    bail!(
-        "not a component of any policy world:\n  {}",
-        tried.join("\n  ")
-    )
+        .find(|(_, detail)| detail.starts_with("imports "))
+    {
+        Some((_, detail)) => bail!("refused: it {detail}"),
+        None => bail!(
+            "refused: a component that exports no policy interface (a policy exports one of \
+             `sluice:policy/priority`, `aging`, `retry`, `split` or `merge`)"
+        ),
+    }
 }
 
 /// Prints what one decision of the component costs, through the registry as the server makes
