@@ -202,7 +202,7 @@ fn policy_new_writes_a_python_project_that_builds_and_checks() {
             "-d",
             "wit",
             "-w",
-            "retry-policy",
+            "named-retry-policy",
             "componentize",
             "app",
             "-p",
@@ -303,4 +303,62 @@ fn a_python_split_policy_sees_the_collections_layout() {
     );
     let refused = split.split(&request(Vec::new())).unwrap().unwrap_err();
     assert!(refused.contains("collection `docs`"), "{refused}");
+}
+
+/// The acceptance's first rule in Python: `sluice policy new priority --lang python` writes a
+/// policy on names whose unit tests pass natively; built with its README's command, uploaded
+/// with `urgent_prefixes=oct.` and activated, it puts a task of kind `oct.qa` submitted low in
+/// urgent and keeps `ct.scan` low.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_priority_policy_from_the_template_reads_kinds_live() {
+    let Some(componentize_py) = componentize_py() else {
+        eprintln!("SKIPPED: no componentize-py (pip install componentize-py)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_str().unwrap();
+    let new = [
+        "policy", "new", "priority", "by-kind", "--lang", "python", "--dir", path,
+    ];
+    let project = PathBuf::from(succeeded(run_sluice(&new, &[])).trim());
+    let tested = std::process::Command::new("python3")
+        .arg("test_app.py")
+        .current_dir(&project)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&tested.stdout);
+    assert!(
+        tested.status.success() && said.matches("passed").count() == 2,
+        "{said}{}",
+        String::from_utf8_lossy(&tested.stderr)
+    );
+    let out = dir.path().join("by-kind.wasm");
+    let built = std::process::Command::new(&componentize_py)
+        .current_dir(&project)
+        .args([
+            "-d",
+            "wit",
+            "-w",
+            "named-priority-policy",
+            "componentize",
+            "app",
+        ])
+        .args(["-p", ".", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let server = Server::start(&dir.path().join("data"));
+    upload_and_activate(&server, "priority", &out, &["urgent_prefixes=oct."]);
+    let client = http();
+    for (kind, bucket) in [("oct.qa", "urgent"), ("ct.scan", "low")] {
+        let spec = json!({"kind": kind, "priority": "low"});
+        let created = post_json(&client, &server.endpoint("/v1/tasks"), &spec).await;
+        assert_eq!(created.status, 201, "{:?}", created.body);
+        assert_eq!(created.body["bucket"], bucket, "{kind}: {:?}", created.body);
+    }
 }

@@ -15,3 +15,9 @@ class Aging(sp.AgingPolicy, exports.Aging):
         if task.bucket == sp.URGENT or now_ms - task.bucket_since_ms < self.settings["wait_ms"]:
             return None
         return task.bucket - 1
+
+
+class NamedAging(sp.NamedAging, exports.NamedAging):
+    """Called instead, with each task's names (task.kind, .tenant, .device, .label())."""
+
+    POLICY = Aging

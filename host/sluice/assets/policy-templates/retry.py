@@ -20,3 +20,9 @@ class Retry(sp.RetryPolicy, exports.Retry):
         if failure.error_class == sp.INVALID_INPUT:
             return sp.dead(sp.DEAD_INVALID_INPUT)
         return sp.dead(sp.DEAD_PERMANENT)
+
+
+class NamedRetry(sp.NamedRetry, exports.NamedRetry):
+    """Called instead, with each task's names (failure.task.kind, .tenant, .device, .label())."""
+
+    POLICY = Retry

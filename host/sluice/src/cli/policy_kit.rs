@@ -125,21 +125,33 @@ const PYTHON_SDK: &str = include_str!("../../../../policies/examples/python/sdk/
 /// A first Python policy of each kind the Python SDK covers.
 fn python_template(kind: Kind) -> anyhow::Result<&'static str> {
     match kind {
+        Kind::Priority => Ok(include_str!("../../assets/policy-templates/priority.py")),
         Kind::Retry => Ok(include_str!("../../assets/policy-templates/retry.py")),
         Kind::Aging => Ok(include_str!("../../assets/policy-templates/aging.py")),
-        Kind::Priority | Kind::Split | Kind::Merge => bail!(
-            "--lang python: the Python SDK covers retry and aging policies; write a {kind} policy in rust"
+        Kind::Split | Kind::Merge => bail!(
+            "--lang python: the Python SDK's templates cover priority, retry and aging policies; \
+             write a {kind} policy in rust (or see policies/examples/python/split-live-shards)"
         ),
     }
 }
 
-/// The files of a Python project: the policy, the SDK module and the WIT it builds against.
+/// The files of a Python project: the policy, its unit test where the template has one, the
+/// SDK module and the WIT it builds against.
 fn python_files(kind: Kind, name: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let world = format!("{kind}-policy");
+    let world = format!("named-{kind}-policy");
+    let test = (kind == Kind::Priority).then_some(include_str!(
+        "../../assets/policy-templates/test_priority.py"
+    ));
+    let test_line = if test.is_some() {
+        "python3 test_app.py                 # the rules, natively (or python3 -m pytest)\n"
+    } else {
+        ""
+    };
     let readme = format!(
         "# {name}\n\nA {kind} policy for Sluice in Python (componentize-py, from PyPI), on the \
          vendored SDK module `sluice_policy.py`.\n\n```sh\n\
          pip install componentize-py==0.25.1\n\
+         {test_line}\
          componentize-py -d wit -w {world} componentize app -p . -o {name}.wasm\n\
          sluice policy check {name}.wasm\n\
          sluice policy bench {name}.wasm\n\
@@ -148,7 +160,7 @@ fn python_files(kind: Kind, name: &str) -> anyhow::Result<Vec<(String, String)>>
          An interpreter costs 7-10 us and up to 100,000 fuel a decision (a Rust policy: 13-32 ns); \
          grant a batch's worth at upload with `--fuel` (see policies/README.md).\n"
     );
-    Ok(vec![
+    let mut files = vec![
         ("app.py".into(), python_template(kind)?.into()),
         ("sluice_policy.py".into(), PYTHON_SDK.into()),
         (
@@ -156,7 +168,11 @@ fn python_files(kind: Kind, name: &str) -> anyhow::Result<Vec<(String, String)>>
             include_str!("../../../../wit/policy.wit").into(),
         ),
         ("README.md".into(), readme),
-    ])
+    ];
+    if let Some(test) = test {
+        files.push(("test_app.py".into(), test.into()));
+    }
+    Ok(files)
 }
 
 /// Writes the project `dir/name` in `lang` (rust or python); refuses to touch an existing

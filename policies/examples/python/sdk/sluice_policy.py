@@ -1,17 +1,22 @@
-"""Sluice's policy SDK for Python: the packed layouts of `wit/policy.wit` as plain classes, the
-`name=value` config format with typed errors, and one base class per kind that turns a single
-per-task method into both the batch export and its `-one` twin, so the two always agree.
+"""Sluice's policy SDK for Python: the packed layouts of `wit/policy.wit` as plain classes with
+each task's names (kind, tenant, device, labels), the `name=value` config format with typed
+settings and errors, and one base class per kind that turns a single per-task method into both
+the batch export and its `-one` twin, so the two always agree.
 
-A policy subclasses the kind's base class beside the generated export protocol:
+A policy subclasses the kind's base class beside the generated export protocol, and declares
+the kind's named export (which the host calls with the names) the same way:
 
     from wit_world import exports
     import sluice_policy as sp
 
     class Retry(sp.RetryPolicy, exports.Retry):
-        SETTINGS = {"initial_delay_ms": 300_000}
-        def decide_failure(self, now_ms, failure): ...
+        SETTINGS = {"initial_delay_ms": 300_000, "urgent_kinds": ["oct.qa"]}
+        def decide_failure(self, now_ms, failure): ...   # failure.task.kind, .label("ed")
 
-Build it with `componentize-py -d wit -w retry-policy componentize app -p . -p sdk -o x.wasm`
+    class NamedRetry(sp.NamedRetry, exports.NamedRetry):
+        POLICY = Retry
+
+Build it with `componentize-py -d wit -w named-retry-policy componentize app -p . -o x.wasm`
 (see policies/README.md). Every decision must be a pure function of its arguments: the host
 freezes the clock at the call's `now_ms` and gives seeded random bits, so `time` and `random`
 replay, but the arguments are where a decision's inputs belong.
@@ -20,7 +25,14 @@ replay, but the arguments are where a decision's inputs belong.
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Optional, Tuple
 
-from componentize_py_types import Err
+try:
+    from componentize_py_types import Err
+except ImportError:  # run natively, by a unit test: the same exception, without the bindings
+
+    class Err(Exception):
+        def __init__(self, value):
+            super().__init__(value)
+            self.value = value
 
 # Buckets, coded as in the WIT `bucket` enum.
 URGENT, NORMAL, LOW = 0, 1, 2
@@ -51,38 +63,89 @@ def fnv1a32(name: str) -> int:
 
 
 @dataclass(frozen=True)
+class Names:
+    """A task's names: kind, tenant and device as submitted, and its labels."""
+
+    kind: str = ""
+    tenant: str = ""
+    device: str = ""
+    labels: Tuple[Tuple[str, str], ...] = ()
+
+    @staticmethod
+    def of(record) -> "Names":
+        """From the WIT `task-names` record the host sends."""
+        return Names(record.kind, record.tenant, record.device, tuple(record.labels))
+
+
+NO_NAMES = Names()
+
+
+@dataclass(frozen=True)
 class Task:
-    """A task view: 6 packed words."""
+    """A task as a policy sees it: its packed view (6 words) and its names."""
 
     seq: int
-    tenant: int
-    kind: int
+    tenant_code: int
+    kind_code: int
     created_ms: int
     bucket_since_ms: int
     est_exec_ms: int
     attempt: int
     bucket: int
     submitted_bucket: int
+    kind: str = ""
+    tenant: str = ""
+    device: str = ""
+    labels: Tuple[Tuple[str, str], ...] = ()
+
+    def label(self, name: str) -> Optional[str]:
+        """The value of label `name`, if the task has it."""
+        for key, value in self.labels:
+            if key == name:
+                return value
+        return None
 
     @staticmethod
-    def unpack(words) -> "Task":
+    def unpack(words, names: Names = NO_NAMES) -> "Task":
         seq, tenant_kind, created, since, est, packed = words
         return Task(
             seq=seq,
-            tenant=tenant_kind >> 32,
-            kind=tenant_kind & _U32,
+            tenant_code=tenant_kind >> 32,
+            kind_code=tenant_kind & _U32,
             created_ms=created,
             bucket_since_ms=since,
             est_exec_ms=est,
             attempt=packed >> 32,
             bucket=(packed >> 8) & 0xFF,
             submitted_bucket=packed & 0xFF,
+            kind=names.kind,
+            tenant=names.tenant,
+            device=names.device,
+            labels=names.labels,
+        )
+
+    @staticmethod
+    def of(seq=0, bucket=NORMAL, kind="", tenant="", device="", labels=None, **view) -> "Task":
+        """A task for a unit test: `Task.of(kind="oct.qa", bucket=sp.LOW, labels={"ed": "true"})`."""
+        fields = dict(created_ms=0, bucket_since_ms=0, est_exec_ms=0, attempt=0)
+        fields.update(view)
+        fields.setdefault("submitted_bucket", bucket)
+        return Task(
+            seq=seq,
+            tenant_code=fnv1a32(tenant),
+            kind_code=fnv1a32(kind),
+            bucket=bucket,
+            kind=kind,
+            tenant=tenant,
+            device=device,
+            labels=tuple(sorted((labels or {}).items())),
+            **fields,
         )
 
 
 @dataclass(frozen=True)
 class Failure:
-    """A failed attempt: the task view, its error class, its attempt budget and random bits."""
+    """A failed attempt: the task, its error class, its attempt budget and random bits."""
 
     task: Task
     error_class: int
@@ -90,9 +153,24 @@ class Failure:
     random: int
 
     @staticmethod
-    def unpack(words) -> "Failure":
+    def unpack(words, names: Names = NO_NAMES) -> "Failure":
         class_max = words[6]
-        return Failure(Task.unpack(words[0:6]), class_max >> 32, class_max & _U32, words[7])
+        task = Task.unpack(words[0:6], names)
+        return Failure(task, class_max >> 32, class_max & _U32, words[7])
+
+
+def _batch_names(names, which) -> List[Names]:
+    """Each task's names from a batch's distinct ones and the index of each task's."""
+    distinct = [Names.of(record) for record in names]
+    return [distinct[index] for index in which]
+
+
+def admission(bucket: int, rank: int, attempt_timeout_ms: int) -> Tuple[int, int, int]:
+    """A priority decision: the bucket to wait in, the rank there (lower first), and how long
+    one attempt may run (at least 1 ms)."""
+    if bucket not in (URGENT, NORMAL, LOW) or rank < 0 or attempt_timeout_ms < 1:
+        raise ValueError(f"admission ({bucket}, {rank}, {attempt_timeout_ms}) out of range")
+    return (bucket, rank, attempt_timeout_ms)
 
 
 def retry_after_ms(delay_ms: int) -> int:
@@ -107,9 +185,28 @@ def dead(reason: int) -> int:
     return _DEAD | reason
 
 
-def parse_config(config: bytes, defaults: Dict[str, int]) -> Dict[str, int]:
-    """`name=value` lines (blank lines and `#` comments skipped) over integer `defaults`; an
-    unknown name, a repeated name or a value that is not a non-negative integer is refused."""
+def _typed(name: str, value: str, default):
+    """`value` as the type of `default`: a non-negative integer, text, or a comma-separated list
+    of the type of the default's items (text when the default list is empty)."""
+    if isinstance(default, bool):
+        if value not in ("true", "false"):
+            raise ConfigError(f"{name}: {value!r} is not true or false")
+        return value == "true"
+    if isinstance(default, int):
+        if not value.isdigit():
+            raise ConfigError(f"{name}: {value!r} is not a non-negative integer")
+        return int(value)
+    if isinstance(default, (list, tuple)):
+        item = default[0] if default else ""
+        items = [part.strip() for part in value.split(",")] if value else []
+        return [_typed(name, part, item) for part in items]
+    return value
+
+
+def parse_config(config: bytes, defaults: Dict[str, object]) -> Dict[str, object]:
+    """`name=value` lines (blank lines and `#` comments skipped) over `defaults`, each value
+    read as its default's type (an integer, text, true/false, or a comma-separated list); an
+    unknown name, a repeated name or a value of the wrong type is refused."""
     try:
         text = config.decode()
     except UnicodeDecodeError:
@@ -128,18 +225,16 @@ def parse_config(config: bytes, defaults: Dict[str, int]) -> Dict[str, int]:
             raise ConfigError(f"unknown setting {name!r} (known: {known})")
         if name in seen:
             raise ConfigError(f"{name} is set twice")
-        if not value.isdigit():
-            raise ConfigError(f"{name}: {value!r} is not a non-negative integer")
         seen.add(name)
-        settings[name] = int(value)
+        settings[name] = _typed(name, value, defaults[name])
     return settings
 
 
 class _Configured:
     """Parses `SETTINGS` at init and hands them to `configure`, which may refuse them."""
 
-    SETTINGS: ClassVar[Dict[str, int]] = {}
-    settings: Dict[str, int] = {}
+    SETTINGS: ClassVar[Dict[str, object]] = {}
+    settings: Dict[str, object] = {}
 
     def init(self, config: bytes) -> None:
         try:
@@ -150,8 +245,72 @@ class _Configured:
         # componentize-py may build a fresh object for each call, so settings live on the class.
         type(self).settings = settings
 
-    def configure(self, settings: Dict[str, int]) -> None:
+    def configure(self, settings: Dict[str, object]) -> None:
         """Checks settings beyond their type; raise ConfigError to refuse them."""
+
+    @classmethod
+    def configured(cls, config: bytes = b"") -> "_Configured":
+        """The policy with `config` applied, for a unit test (ConfigError if refused)."""
+        settings = parse_config(config, cls.SETTINGS)
+        policy = cls()
+        policy.configure(settings)
+        cls.settings = settings
+        return policy
+
+
+class PriorityPolicy(_Configured):
+    """Implement `admit_task(now_ms, task) -> admission(bucket, rank, attempt_timeout_ms)`;
+    `weights()` gives the shares of claims served from urgent, normal and low, and
+    `tenant_weights()` fair-share weights by tenant name (none: every tenant alike)."""
+
+    def admit_task(self, now_ms: int, task: Task) -> Tuple[int, int, int]:
+        raise NotImplementedError
+
+    def weights(self) -> Tuple[int, int, int]:
+        return (60, 35, 5)
+
+    def tenant_weights(self) -> List[Tuple[str, int]]:
+        return []
+
+    def bucket_weights(self) -> List[int]:
+        return list(self.weights())
+
+    def admit_all(self, now_ms: int, tasks: List[int], each: List[Names]) -> List[int]:
+        answers: List[int] = []
+        for index, at in enumerate(range(0, len(tasks) - VIEW_WORDS + 1, VIEW_WORDS)):
+            task = Task.unpack(tasks[at : at + VIEW_WORDS], each[index] if each else NO_NAMES)
+            answers.extend(self.admit_task(now_ms, task))
+        return answers
+
+    def admit(self, now_ms: int, tasks: List[int]) -> List[int]:
+        return self.admit_all(now_ms, tasks, [])
+
+    def admit_one(self, now_ms: int, task: Tuple[int, ...]) -> Tuple[int, int, int]:
+        return self.admit_task(now_ms, Task.unpack(task))
+
+
+class Fairness:
+    """The `fairness` export: `POLICY`'s `tenant_weights()`."""
+
+    POLICY: ClassVar[type]
+
+    def tenant_weights(self) -> List[Tuple[str, int]]:
+        return self.POLICY().tenant_weights()
+
+
+class NamedPriority:
+    """The `named-priority` export: `POLICY` (a PriorityPolicy) called with each task's names."""
+
+    POLICY: ClassVar[type]
+
+    def reads_names(self) -> bool:
+        return True
+
+    def admit(self, now_ms: int, tasks: List[int], names, which) -> List[int]:
+        return self.POLICY().admit_all(now_ms, tasks, _batch_names(names, which))
+
+    def admit_one(self, now_ms: int, task: Tuple[int, ...], names) -> Tuple[int, int, int]:
+        return self.POLICY().admit_task(now_ms, Task.unpack(task, Names.of(names)))
 
 
 class RetryPolicy(_Configured):
@@ -160,14 +319,35 @@ class RetryPolicy(_Configured):
     def decide_failure(self, now_ms: int, failure: Failure) -> int:
         raise NotImplementedError
 
-    def decide(self, now_ms: int, failures: List[int]) -> List[int]:
+    def decide_all(self, now_ms: int, failures: List[int], each: List[Names]) -> List[int]:
         return [
-            self.decide_failure(now_ms, Failure.unpack(failures[at : at + FAILURE_WORDS]))
-            for at in range(0, len(failures) - FAILURE_WORDS + 1, FAILURE_WORDS)
+            self.decide_failure(
+                now_ms,
+                Failure.unpack(failures[at : at + FAILURE_WORDS], each[i] if each else NO_NAMES),
+            )
+            for i, at in enumerate(range(0, len(failures) - FAILURE_WORDS + 1, FAILURE_WORDS))
         ]
+
+    def decide(self, now_ms: int, failures: List[int]) -> List[int]:
+        return self.decide_all(now_ms, failures, [])
 
     def decide_one(self, now_ms: int, failure: Tuple[int, ...]) -> int:
         return self.decide_failure(now_ms, Failure.unpack(failure))
+
+
+class NamedRetry:
+    """The `named-retry` export: `POLICY` (a RetryPolicy) called with each task's names."""
+
+    POLICY: ClassVar[type]
+
+    def reads_names(self) -> bool:
+        return True
+
+    def decide(self, now_ms: int, failures: List[int], names, which) -> List[int]:
+        return self.POLICY().decide_all(now_ms, failures, _batch_names(names, which))
+
+    def decide_one(self, now_ms: int, failure: Tuple[int, ...], names) -> int:
+        return self.POLICY().decide_failure(now_ms, Failure.unpack(failure, Names.of(names)))
 
 
 class AgingPolicy(_Configured):
@@ -176,21 +356,46 @@ class AgingPolicy(_Configured):
     def promote(self, now_ms: int, task: Task) -> Optional[int]:
         raise NotImplementedError
 
-    def age(self, now_ms: int, waiting: List[int]):
-        from wit_world.exports.aging import Promotion
+    def age_all(self, now_ms: int, waiting: List[int], each: List[Names], promotion):
         from wit_world.imports.types import Bucket
 
         promotions = []
         for index, at in enumerate(range(0, len(waiting) - VIEW_WORDS + 1, VIEW_WORDS)):
-            to = self.promote(now_ms, Task.unpack(waiting[at : at + VIEW_WORDS]))
+            names = each[index] if each else NO_NAMES
+            to = self.promote(now_ms, Task.unpack(waiting[at : at + VIEW_WORDS], names))
             if to is not None:
-                promotions.append(Promotion(index, Bucket(to)))
+                promotions.append(promotion(index, Bucket(to)))
         return promotions
+
+    def age(self, now_ms: int, waiting: List[int]):
+        from wit_world.exports.aging import Promotion
+
+        return self.age_all(now_ms, waiting, [], Promotion)
 
     def age_one(self, now_ms: int, task: Tuple[int, ...]):
         from wit_world.imports.types import Bucket
 
         to = self.promote(now_ms, Task.unpack(task))
+        return None if to is None else Bucket(to)
+
+
+class NamedAging:
+    """The `named-aging` export: `POLICY` (an AgingPolicy) called with each task's names."""
+
+    POLICY: ClassVar[type]
+
+    def reads_names(self) -> bool:
+        return True
+
+    def age(self, now_ms: int, waiting: List[int], names, which):
+        from wit_world.exports.named_aging import Promotion
+
+        return self.POLICY().age_all(now_ms, waiting, _batch_names(names, which), Promotion)
+
+    def age_one(self, now_ms: int, task: Tuple[int, ...], names):
+        from wit_world.imports.types import Bucket
+
+        to = self.POLICY().promote(now_ms, Task.unpack(task, Names.of(names)))
         return None if to is None else Bucket(to)
 
 
