@@ -263,6 +263,14 @@ async fn a_priority_policy_from_the_template_reads_kinds_and_labels_live() {
     let config = ["--config", "urgent_prefixes=oct."];
     let checked = succeeded(sluice(&[&["policy", "check", file][..], &config].concat()));
     assert!(checked.contains("is a priority policy"), "{checked}");
+    // The project's own case table passes with the setting its README gives.
+    let cases = project.join("cases.toml");
+    let test = [
+        &["policy", "test", file, "--cases", cases.to_str().unwrap()][..],
+        &config,
+    ];
+    let tested = succeeded(sluice(&test.concat()));
+    assert!(tested.contains("3 cases pass"), "{tested}");
 
     let server = Server::start(&dir.path().join("data"));
     let upload = [
@@ -378,5 +386,98 @@ async fn each_refusal_names_what_the_file_is_in_two_lines_at_most() {
     assert!(
         detail.contains("a priority policy, not a retry one"),
         "{detail}"
+    );
+}
+
+/// `sluice policy test` runs a component against a case table offline: every case right is
+/// exit 0; one wrong expectation is exit 1 with a diff naming that case; a malformed table is
+/// refused with its line. Priority, aging and retry (policies/by-name) alike.
+#[test]
+fn policy_test_prints_a_diff_naming_each_case_that_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |kind: &str, cases: &str| {
+        let component = dir.path().join(format!("{kind}.wasm"));
+        if !component.exists() {
+            std::fs::write(&component, policy_component("by-name", Some(kind))).unwrap();
+        }
+        let table = dir.path().join(format!("{kind}.toml"));
+        std::fs::write(&table, cases).unwrap();
+        let args = ["policy", "test", component.to_str().unwrap(), "--cases"];
+        sluice(&[&args[..], &[table.to_str().unwrap()]].concat())
+    };
+    let priority = r#"
+[[case]]
+name = "oct kinds are urgent"
+task = { kind = "oct.qa", priority = "low" }
+expect = { bucket = "urgent" }
+
+[[case]]
+name = "the ER's tenant is urgent"
+task = { kind = "ct.scan", priority = "low", tenant = "site-er", seq = 4 }
+expect = { bucket = "urgent", rank = 4 }
+
+[[case]]
+name = "a plain scan keeps its bucket"
+task = { kind = "ct.scan", priority = "low", tenant = "site-a", est_exec_ms = 500 }
+expect = { bucket = "low", attempt_timeout_ms = 1000 }
+"#;
+    let passed = succeeded(run("priority", priority));
+    assert!(passed.contains("3 cases pass"), "{passed}");
+
+    let wrong = priority.replace(
+        r#"expect = { bucket = "low", attempt_timeout_ms = 1000 }"#,
+        r#"expect = { bucket = "normal", attempt_timeout_ms = 1000 }"#,
+    );
+    let failed = run("priority", &wrong);
+    assert_eq!(failed.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&failed.stdout);
+    assert!(
+        stdout.contains("FAIL case 3 (a plain scan keeps its bucket)")
+            && stdout.contains("- bucket: normal")
+            && stdout.contains("+ bucket: low"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("case 1") && !stdout.contains("case 2"),
+        "{stdout}"
+    );
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("1 of 3 cases differ"));
+
+    let aging = r#"
+[[case]]
+name = "an emergency waiting low moves up"
+task = { kind = "ct.scan", priority = "low", labels = { ed = "true" }, waited_ms = 1000 }
+expect = { promote = "normal" }
+
+[[case]]
+name = "anything else stays"
+task = { kind = "ct.scan", priority = "low" }
+expect = { promote = "none" }
+"#;
+    assert!(succeeded(run("aging", aging)).contains("2 cases pass"));
+    let retry = r#"
+[[case]]
+name = "an emergency is retried after its device name's length"
+task = { kind = "ct.scan", device = "scanner-7", labels = { ed = "true" }, attempt = 1 }
+failure = { class = "transient" }
+expect = { retry_after_ms = 9 }
+
+[[case]]
+name = "anything else is given up"
+task = { kind = "ct.scan", attempt = 1 }
+failure = { class = "node-busy" }
+expect = { dead = "policy" }
+"#;
+    assert!(succeeded(run("retry", retry)).contains("2 cases pass"));
+
+    let malformed = run(
+        "retry",
+        "[[case]]\nname = \"x\"\ntask = { kind = \"a\", priorty = \"low\" }\nexpect = {}\n",
+    );
+    assert_eq!(malformed.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&malformed.stderr);
+    assert!(
+        stderr.contains("line 3") && stderr.contains("priorty"),
+        "{stderr}"
     );
 }

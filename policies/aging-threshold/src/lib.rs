@@ -78,7 +78,7 @@ impl sluice_policy::Aging for Settings {
     }
 
     fn promote(&self, now_ms: u64, task: &sluice_policy::Task) -> Option<Bucket> {
-        Settings::promote(self, now_ms, &task.view)
+        Settings::promote(self, now_ms, &task.view())
     }
 }
 

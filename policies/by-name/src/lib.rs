@@ -1,7 +1,7 @@
 //! Rules on names, one kind per feature, for the host's tests: kinds under `oct.`, an
 //! `ed=true` label and tenant `site-er` are urgent; an `ed=true` task waiting low moves to
-//! normal at once; a failed `ed=true` task is retried after as many ms as its device's name
-//! has bytes, any other is dead.
+//! normal at once; a failed `ed=true` task with attempts left (and a curable failure) is retried after as many ms as
+//! its device's name has bytes, any other is dead.
 
 #![cfg_attr(target_arch = "wasm32", no_std)]
 
@@ -51,7 +51,11 @@ impl sluice_policy::Retry for ByName {
         Ok(ByName)
     }
     fn decide(&self, _now_ms: u64, failure: &Failure) -> Decision {
-        if failure.task.label("ed") == Some("true") {
+        if failure.class.is_hopeless() {
+            Decision::Dead(DeadReason::Permanent)
+        } else if failure.task.attempt >= failure.max_attempts {
+            Decision::Dead(DeadReason::AttemptsSpent)
+        } else if failure.task.label("ed") == Some("true") {
             Decision::RetryAfterMs(failure.task.device.len() as u64)
         } else {
             Decision::Dead(DeadReason::Policy)

@@ -141,7 +141,7 @@ impl sluice_policy::Priority for Settings {
     }
 
     fn admit(&self, _now_ms: u64, task: &sluice_policy::Task) -> Admission {
-        Settings::admit(self, &task.view)
+        Settings::admit(self, &task.view())
     }
 
     fn tenant_weights(&self) -> Vec<(String, u32)> {

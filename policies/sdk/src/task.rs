@@ -46,8 +46,9 @@ pub struct Task<'a> {
     pub device: &'a str,
     /// Its labels, sorted by name: see [`Task::label`].
     pub labels: &'a [(String, String)],
-    /// The packed view it was read from (kind and tenant as 32-bit codes).
-    pub view: View,
+    /// The 32-bit FNV-1a codes of the kind and tenant, as the packed view carries them.
+    pub kind_code: u32,
+    pub tenant_code: u32,
 }
 
 impl<'a> Task<'a> {
@@ -64,7 +65,23 @@ impl<'a> Task<'a> {
             tenant: &names.tenant,
             device: &names.device,
             labels: &names.labels,
-            view,
+            kind_code: view.kind,
+            tenant_code: view.tenant,
+        }
+    }
+
+    /// The packed view it was read from (kind and tenant as their codes).
+    pub fn view(&self) -> View {
+        View {
+            seq: self.seq,
+            tenant: self.tenant_code,
+            kind: self.kind_code,
+            bucket: self.bucket,
+            submitted_bucket: self.submitted_bucket,
+            created_ms: self.created_ms,
+            bucket_since_ms: self.bucket_since_ms,
+            attempt: self.attempt,
+            est_exec_ms: self.est_exec_ms,
         }
     }
 

@@ -10,6 +10,7 @@ mod experiment;
 mod logging;
 mod policy;
 mod policy_kit;
+mod policy_test;
 mod repair;
 mod serve;
 mod sim;

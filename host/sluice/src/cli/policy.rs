@@ -81,6 +81,22 @@ pub enum PolicyCommand {
         #[arg(long = "data", value_parser = parse_data)]
         data: Vec<(String, PathBuf)>,
     },
+    /// Run a priority, aging or retry component offline against a table of cases (TOML:
+    /// `[[case]]` with `name`, `task`, `failure` for retry, and `expect`); prints a diff for
+    /// each case that differs and exits non-zero if any does.
+    Test {
+        file: PathBuf,
+        /// The case table (docs/policies.md, "Testing a policy offline").
+        #[arg(long)]
+        cases: PathBuf,
+        #[arg(long)]
+        kind: Option<String>,
+        /// A setting for the component's init, name=value; repeatable.
+        #[arg(long = "config")]
+        settings: Vec<String>,
+        #[command(flatten)]
+        grants: GrantArgs,
+    },
     /// What one decision of a component costs, one at a time and in batches.
     Bench {
         file: PathBuf,
@@ -231,6 +247,21 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
                 file.display()
             )?;
             return Ok(());
+        }
+        PolicyCommand::Test {
+            file,
+            cases,
+            kind,
+            settings,
+            grants,
+        } => {
+            let bytes = read_component(&file)?;
+            let kind = kind.map(|k| k.parse()).transpose()?;
+            let config = (!settings.is_empty()).then(|| settings.join("\n"));
+            return tokio::task::spawn_blocking(move || {
+                super::policy_test::run(&bytes, kind, config, grants, &cases)
+            })
+            .await?;
         }
         PolicyCommand::Bench {
             file,

@@ -142,6 +142,11 @@ fn python_files(kind: Kind, name: &str) -> anyhow::Result<Vec<(String, String)>>
     let test = (kind == Kind::Priority).then_some(include_str!(
         "../../assets/policy-templates/test_priority.py"
     ));
+    let cases_line = if test.is_some() {
+        format!("sluice policy test {name}.wasm --cases cases.toml --config urgent_prefixes=oct.\n")
+    } else {
+        String::new()
+    };
     let test_line = if test.is_some() {
         "python3 test_app.py                 # the rules, natively (or python3 -m pytest)\n"
     } else {
@@ -154,6 +159,7 @@ fn python_files(kind: Kind, name: &str) -> anyhow::Result<Vec<(String, String)>>
          {test_line}\
          componentize-py -d wit -w {world} componentize app -p . -o {name}.wasm\n\
          sluice policy check {name}.wasm\n\
+         {cases_line}\
          sluice policy bench {name}.wasm\n\
          sluice policy upload {kind} {name}.wasm\n\
          sluice policy activate {kind} VERSION\n```\n\n\
@@ -171,6 +177,7 @@ fn python_files(kind: Kind, name: &str) -> anyhow::Result<Vec<(String, String)>>
     ];
     if let Some(test) = test {
         files.push(("test_app.py".into(), test.into()));
+        files.push(("cases.toml".into(), PRIORITY_CASES.into()));
     }
     Ok(files)
 }
@@ -218,11 +225,20 @@ pub fn new_project(kind: Kind, name: &str, lang: &str, dir: &Path) -> anyhow::Re
 /// The files of a Rust project: the crate, and the SDK and the crates under it vendored.
 fn rust_files(kind: Kind, name: &str) -> Vec<(String, String)> {
     let artifact = name.replace('-', "_");
+    let cases_line = if kind == Kind::Priority {
+        format!(
+            "sluice policy test target/wasm32-wasip2/release/{artifact}.wasm --cases cases.toml \
+             --config urgent_prefixes=oct.\n"
+        )
+    } else {
+        String::new()
+    };
     let readme = format!(
         "# {name}\n\nA {kind} policy for Sluice, on the Rust SDK (vendored in `vendor/`).\n\n```sh\n\
          cargo test                                           # the logic, natively\n\
          cargo build --release --target wasm32-wasip2         # the component\n\
          sluice policy check target/wasm32-wasip2/release/{artifact}.wasm\n\
+         {cases_line}\
          sluice policy bench target/wasm32-wasip2/release/{artifact}.wasm\n\
          sluice policy upload {kind} target/wasm32-wasip2/release/{artifact}.wasm\n\
          sluice policy activate {kind} VERSION\n```\n"
@@ -242,8 +258,14 @@ fn rust_files(kind: Kind, name: &str) -> Vec<(String, String)> {
     files.push(("Cargo.toml".into(), project_manifest(name)));
     files.push(("src/lib.rs".into(), template(kind).to_owned()));
     files.push(("README.md".into(), readme));
+    if kind == Kind::Priority {
+        files.push(("cases.toml".into(), PRIORITY_CASES.into()));
+    }
     files
 }
+
+/// The priority templates' case table for `sluice policy test`.
+const PRIORITY_CASES: &str = include_str!("../../assets/policy-templates/priority-cases.toml");
 
 /// A registry over a catalog in memory: the server's validation, with nothing kept. Its
 /// runtime may grant what was asked (the server's own maximum is checked at upload).
