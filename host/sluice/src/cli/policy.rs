@@ -150,6 +150,19 @@ pub enum PolicyCommand {
     },
 }
 
+/// A component file for a local tool (check, test, bench): its bytes, the kind asked for (if
+/// any) and its settings as config lines.
+fn local_component(
+    file: &std::path::Path,
+    kind: Option<String>,
+    settings: &[String],
+) -> anyhow::Result<(Vec<u8>, Option<sluice_policy_runtime::Kind>, Option<String>)> {
+    let bytes = read_component(file)?;
+    let kind = kind.map(|k| k.parse()).transpose()?;
+    let config = (!settings.is_empty()).then(|| settings.join("\n"));
+    Ok((bytes, kind, config))
+}
+
 pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
     let answer = match command {
         PolicyCommand::Upload {
@@ -237,9 +250,7 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             grants,
             data,
         } => {
-            let bytes = read_component(&file)?;
-            let kind = kind.map(|k| k.parse()).transpose()?;
-            let config = (!settings.is_empty()).then(|| settings.join("\n"));
+            let (bytes, kind, config) = local_component(&file, kind, &settings)?;
             let data = read_data(&data)?;
             let (kind, ..) = super::policy_kit::check(&bytes, kind, config, grants, &data)?;
             outln!(
@@ -255,9 +266,7 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             settings,
             grants,
         } => {
-            let bytes = read_component(&file)?;
-            let kind = kind.map(|k| k.parse()).transpose()?;
-            let config = (!settings.is_empty()).then(|| settings.join("\n"));
+            let (bytes, kind, config) = local_component(&file, kind, &settings)?;
             return tokio::task::spawn_blocking(move || {
                 super::policy_test::run(&bytes, kind, config, grants, &cases)
             })
@@ -270,9 +279,7 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             grants,
             decisions,
         } => {
-            let bytes = read_component(&file)?;
-            let kind = kind.map(|k| k.parse()).transpose()?;
-            let config = (!settings.is_empty()).then(|| settings.join("\n"));
+            let (bytes, kind, config) = local_component(&file, kind, &settings)?;
             return tokio::task::spawn_blocking(move || {
                 super::policy_kit::bench(&bytes, kind, config, grants, &[], decisions)
             })
