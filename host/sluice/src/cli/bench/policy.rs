@@ -274,6 +274,7 @@ fn measure_registry(registry: &PolicyRegistry) -> anyhow::Result<()> {
         .compile(Kind::Retry, defaults::RETRY_BACKOFF)?;
     let mut instance = RetryInstance::new(registry.runtime().clone(), &compiled, b"")?;
     let failure_names = names(1);
+    let failure_refs = refs(&failure_names);
     let rounds = 40_000u32;
     let (direct, through) = best_of(|| {
         let direct = timed(|| {
@@ -291,7 +292,7 @@ fn measure_registry(registry: &PolicyRegistry) -> anyhow::Result<()> {
                 std::hint::black_box(registry.retry(
                     1,
                     std::slice::from_ref(&failure),
-                    &refs(&failure_names),
+                    &failure_refs,
                 )?);
             }
             Ok(())
