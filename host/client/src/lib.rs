@@ -281,6 +281,24 @@ impl Client {
         .await
     }
 
+    /// Starts a guarded rollout (`POST /v1/rollouts`).
+    pub async fn start_rollout(&self, spec: &Value) -> Result<Value, ClientError> {
+        self.post_json("/v1/rollouts", spec).await
+    }
+
+    /// Every rollout, or one.
+    pub async fn rollouts(&self, id: Option<u32>) -> Result<Value, ClientError> {
+        match id {
+            Some(id) => self.get_json(&format!("/v1/rollouts/{id}"), &[]).await,
+            None => self.get_json("/v1/rollouts", &[]).await,
+        }
+    }
+
+    pub async fn stop_rollout(&self, id: u32) -> Result<Value, ClientError> {
+        self.post_json(&format!("/v1/rollouts/{id}/stop"), &serde_json::json!({}))
+            .await
+    }
+
     pub async fn promote_experiment(&self, id: u32, variant: &str) -> Result<Value, ClientError> {
         let body = serde_json::json!({ "variant": variant });
         self.post_json(&format!("/v1/experiments/{id}/promote"), &body)

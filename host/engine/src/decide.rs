@@ -36,10 +36,13 @@ pub trait Decide: Send + Sync + 'static {
         waiting: &[View],
         names: &[NamesRef<'_>],
     ) -> Decided<Vec<(u32, Bucket)>>;
-    /// One decision per failure, in order; `names[i]`: the names of failure i's task.
+    /// One decision per failure, in order. `variant`: the live retry experiment's variant
+    /// these failures' tasks were all assigned, if any; `names[i]`: the names of failure i's
+    /// task.
     fn retry(
         &self,
         now_ms: u64,
+        variant: Option<VariantTag>,
         failures: &[Failure],
         names: &[NamesRef<'_>],
     ) -> Decided<Vec<RetryDecision>>;
@@ -157,6 +160,7 @@ impl Decide for NativeDecider {
     fn retry(
         &self,
         _now_ms: u64,
+        _variant: Option<VariantTag>,
         failures: &[Failure],
         _names: &[NamesRef<'_>],
     ) -> Decided<Vec<RetryDecision>> {

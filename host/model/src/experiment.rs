@@ -73,9 +73,12 @@ impl ExperimentSpec {
     /// kinds each mode supports.
     pub fn check(&self) -> Result<(), String> {
         let supported = match self.mode {
-            ExperimentMode::Live => {
-                &[PolicyKind::Priority, PolicyKind::Aging, PolicyKind::Merge][..]
-            }
+            ExperimentMode::Live => &[
+                PolicyKind::Priority,
+                PolicyKind::Aging,
+                PolicyKind::Retry,
+                PolicyKind::Merge,
+            ][..],
             ExperimentMode::Shadow => &[
                 PolicyKind::Priority,
                 PolicyKind::Aging,
@@ -147,6 +150,22 @@ pub enum ExperimentEnd {
     Promoted {
         variant: String,
         version: u32,
+        /// A rollout's last step: how each guard was judged.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        judged: Vec<String>,
+    },
+    /// A rollout's step whose guards held (`judged`: how each was judged); its next step is
+    /// another experiment.
+    Advanced {
+        judged: Vec<String>,
+    },
+    /// A rollout's step whose guard failed: the baseline decides for every task again.
+    RolledBack {
+        /// The guard that failed, as written.
+        guard: String,
+        /// Which guard failed and by how much.
+        reason: String,
+        judged: Vec<String>,
     },
 }
 
@@ -164,6 +183,9 @@ pub struct Experiment {
     pub ended_at_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<ExperimentEnd>,
+    /// Set when the experiment is a step of a guarded rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::RolloutStep>,
 }
 
 impl Experiment {
@@ -273,6 +295,7 @@ mod tests {
             started_at_ms: 0,
             ended_at_ms: None,
             end: None,
+            rollout: None,
         }
     }
 

@@ -15,6 +15,7 @@ mod names;
 mod policy;
 mod priority;
 mod queue_entry;
+mod rollout;
 mod spec;
 mod state;
 mod task;
@@ -45,6 +46,11 @@ pub use policy::{
 };
 pub use priority::Priority;
 pub use queue_entry::{QueueEntry, QueueNeeds, from_bucket, to_bucket, view as task_view};
+pub use rollout::{
+    DEFAULT_MIN_TASKS, DEFAULT_STEP_MS, DEFAULT_STEPS, GUARD_METRICS, Guard, GuardLimit,
+    GuardMetric, GuardOp, MAX_GUARDS, MAX_ROLLOUT_STEPS, Rollout, RolloutSpec, RolloutState,
+    RolloutStep, RolloutStepRecord, STEP_WAIT_FACTOR, WaitFigure, rollouts,
+};
 pub use spec::{
     Limits, MAX_ATTEMPTS, Resources, Submission, TaskSpec, ValidationError, check_name,
 };

@@ -115,6 +115,12 @@ pub enum PolicyAction {
     ExperimentStopped,
     /// An experiment ended by making one of its variants the active version.
     ExperimentPromoted,
+    /// A rollout's step passed its guards; the next step began (`reason` says how each
+    /// guard was judged).
+    RolloutAdvanced,
+    /// A rollout's guard failed and the version was rolled back (`reason` says which and by
+    /// how much).
+    RolloutRolledBack,
 }
 
 /// An entry of the policy log. `from` and `to` are active versions (0 = built in).

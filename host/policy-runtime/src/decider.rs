@@ -186,17 +186,18 @@ impl Decide for PolicyDecider {
     fn retry(
         &self,
         now_ms: u64,
+        variant: Option<VariantTag>,
         failures: &[Failure],
         names: &[NamesRef<'_>],
     ) -> Decided<Vec<RetryDecision>> {
-        match self.registry.retry(now_ms, failures, names) {
+        match self.registry.retry(now_ms, variant, failures, names) {
             Ok(decided) => Decided {
                 answer: decided.answer.into_iter().map(to_retry_decision).collect(),
                 version: Some(decided.version),
             },
             Err(error) => {
                 tracing::error!(%error, "every retry policy version faulted; deciding by the host's rule");
-                self.native.retry(now_ms, failures, names)
+                self.native.retry(now_ms, variant, failures, names)
             }
         }
     }

@@ -84,25 +84,29 @@ impl PolicyRegistry {
         )
     }
 
-    /// One decision per failure, in order; `names[i]`: failure i's task's names.
+    /// One decision per failure, in order; `names[i]`: failure i's task's names. `variant`:
+    /// the live retry experiment's variant these failures' tasks were all assigned, if any.
     pub fn retry(
         &self,
         now_ms: u64,
+        variant: Option<VariantTag>,
         failures: &[Failure],
         names: &[NamesRef<'_>],
     ) -> Result<SlotAnswer<Vec<Decision>>, PolicyError> {
         debug_assert_eq!(failures.len(), names.len(), "one task's names per failure");
         if let ([failure], [task_names]) = (failures, names) {
             let words = failure.words();
-            return self.retry.decide(
+            return self.retry.decide_for(
                 now_ms,
+                variant,
                 |p| p.decide_one(now_ms, words, *task_names),
                 |word| checks::decisions(failures, &[word]),
             );
         }
         let words = pack(failures, FAILURE_WORDS, Failure::write);
-        self.retry.decide(
+        self.retry.decide_for(
             now_ms,
+            variant,
             |p| p.decide(now_ms, &words, names),
             |answer| checks::decisions(failures, &answer),
         )

@@ -8,7 +8,7 @@ use super::slot::{Loaded, Slot};
 use super::trial::{Arm, ArmFigures, Trial};
 use sluice_model::{
     BUILTIN_VERSION, Experiment, ExperimentEnd, ExperimentMode, ExperimentSpec, MAX_EXPERIMENTS,
-    PolicyAction, PolicyEvent,
+    PolicyAction, PolicyEvent, RolloutStep,
 };
 use std::sync::Arc;
 
@@ -57,6 +57,17 @@ impl PolicyRegistry {
     ) -> Result<Experiment, RegistryError> {
         spec.check().map_err(RegistryError::ExperimentRefused)?;
         let _turn = self.mutations.lock().unwrap_or_else(|p| p.into_inner());
+        self.start_locked(spec, None, now_ms)
+    }
+
+    /// `start_experiment` with the registry's lock held; `rollout`: the step of a rollout it
+    /// is (a `rollout` id of 0 is this experiment's own, for a rollout's first step).
+    pub(super) fn start_locked(
+        &self,
+        spec: ExperimentSpec,
+        rollout: Option<RolloutStep>,
+        now_ms: u64,
+    ) -> Result<Experiment, RegistryError> {
         let all = self.catalog.experiments()?;
         if let Some(running) = all.iter().find(|e| e.kind == spec.kind && e.is_running()) {
             return Err(RegistryError::ExperimentConflict(format!(
@@ -79,8 +90,9 @@ impl PolicyRegistry {
                 });
             }
         }
+        let id = all.iter().map(|e| e.id).max().unwrap_or(0) + 1;
         let experiment = Experiment {
-            id: all.iter().map(|e| e.id).max().unwrap_or(0) + 1,
+            id,
             kind: spec.kind,
             variants: spec.variants,
             assign_by: spec.assign_by,
@@ -88,6 +100,10 @@ impl PolicyRegistry {
             started_at_ms: now_ms,
             ended_at_ms: None,
             end: None,
+            rollout: rollout.map(|step| RolloutStep {
+                rollout: if step.rollout == 0 { id } else { step.rollout },
+                ..step
+            }),
         };
         // Loaded before anything is stored: a variant that cannot load refuses the start.
         on_slot!(self, experiment.kind, slot => {
@@ -141,6 +157,7 @@ impl PolicyRegistry {
         experiment.end = Some(ExperimentEnd::Promoted {
             variant: variant.name.clone(),
             version: variant.version,
+            judged: Vec::new(),
         });
         self.record(
             &experiment,
@@ -166,7 +183,7 @@ impl PolicyRegistry {
         self.refresh_live()
     }
 
-    fn running(&self, id: u32) -> Result<Experiment, RegistryError> {
+    pub(super) fn running(&self, id: u32) -> Result<Experiment, RegistryError> {
         let experiment = self.experiment(id)?;
         if !experiment.is_running() {
             return Err(RegistryError::ExperimentConflict(format!(
@@ -183,6 +200,18 @@ impl PolicyRegistry {
         version: u32,
         now_ms: u64,
     ) -> Result<(), RegistryError> {
+        self.record_because(experiment, action, version, now_ms, experiment.describe())
+    }
+
+    /// Stores the experiment's record with a policy event saying `reason`, as one write.
+    pub(super) fn record_because(
+        &self,
+        experiment: &Experiment,
+        action: PolicyAction,
+        version: u32,
+        now_ms: u64,
+        reason: String,
+    ) -> Result<(), RegistryError> {
         let event = PolicyEvent {
             seq: 0,
             kind: experiment.kind,
@@ -190,7 +219,7 @@ impl PolicyRegistry {
             version,
             from: None,
             at_ms: now_ms,
-            reason: Some(experiment.describe()),
+            reason: Some(reason),
             signed_by: None,
         };
         self.catalog.put_experiment(experiment, event)?;
@@ -198,7 +227,7 @@ impl PolicyRegistry {
     }
 
     /// Takes an ended experiment out of its slot, keeping its variants' counters a while.
-    fn end_trial(&self, experiment: &Experiment) -> Result<(), RegistryError> {
+    pub(super) fn end_trial(&self, experiment: &Experiment) -> Result<(), RegistryError> {
         let figures = self.variant_figures(experiment).unwrap_or_default();
         on_slot!(self, experiment.kind, slot => slot.install_trial(None));
         let mut ended = self.ended_figures.lock().unwrap_or_else(|p| p.into_inner());

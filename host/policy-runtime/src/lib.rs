@@ -17,6 +17,7 @@ mod names;
 mod pool;
 mod refusals;
 mod registry;
+mod rollouts;
 mod runtime;
 mod sample;
 mod slot;
@@ -35,6 +36,7 @@ pub use registry::{
     Check, DEFAULT_MAX_DATA_BYTES, KindDetail, KindStatus, MAX_CONFIG_BYTES, PolicyRegistry,
     RegistryError, RegistryOptions, UploadOptions, Uploaded, sha256_hex,
 };
+pub use rollouts::{BASELINE, CANDIDATE};
 pub use runtime::{
     Compiled, Grants, Kind, PolicyData, PolicyError, PolicyRuntime, RuntimeOptions, Sandbox,
     exported_kind,

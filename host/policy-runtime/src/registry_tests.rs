@@ -201,7 +201,7 @@ fn assert_late_faults_fall_back_then_deactivate(feature: &str) {
         .unwrap();
 
     let fine = registry
-        .retry(100, &[failure(1)], &[NamesRef::unnamed()])
+        .retry(100, None, &[failure(1)], &[NamesRef::unnamed()])
         .unwrap();
     assert_eq!(fine.version, 1);
     assert!(matches!(fine.answer[0], Decision::RetryAfterMs(1100)));
@@ -209,14 +209,14 @@ fn assert_late_faults_fall_back_then_deactivate(feature: &str) {
     // Faults spread wider than the window do not add up.
     for now_ms in [1_000, 3_000] {
         let replaced = registry
-            .retry(now_ms, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
+            .retry(now_ms, None, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
             .unwrap();
         assert_eq!((replaced.version, replaced.fallbacks), (0, 1), "{feature}");
     }
     assert_eq!(registry.status(Kind::Retry).active_version, 1);
     for now_ms in [5_000, 5_001, 5_002] {
         let replaced = registry
-            .retry(now_ms, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
+            .retry(now_ms, None, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
             .unwrap();
         assert_eq!(replaced.version, 0);
     }
@@ -231,7 +231,7 @@ fn assert_late_faults_fall_back_then_deactivate(feature: &str) {
     );
     assert_eq!(
         registry
-            .retry(6_000, &[failure(1)], &[NamesRef::unnamed()])
+            .retry(6_000, None, &[failure(1)], &[NamesRef::unnamed()])
             .unwrap()
             .version,
         0
@@ -525,12 +525,12 @@ fn a_faulting_shadow_variant_is_counted_and_never_touches_the_active_answer() {
     );
     for now_ms in 0..10 {
         let decided = registry
-            .retry(now_ms, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
+            .retry(now_ms, None, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
             .unwrap();
         assert_eq!((decided.version, decided.fallbacks), (0, 0));
     }
     let answered = registry
-        .retry(10, &[failure(1)], &[NamesRef::unnamed()])
+        .retry(10, None, &[failure(1)], &[NamesRef::unnamed()])
         .unwrap();
     assert_eq!(answered.version, 0);
     let figures = &registry.variant_figures(&experiment).unwrap()[0];
@@ -553,10 +553,125 @@ fn a_faulting_shadow_variant_is_counted_and_never_touches_the_active_answer() {
     let (_store, registry) = open(dir.path(), RegistryOptions::default());
     assert!(registry.experiment(experiment.id).unwrap().is_running());
     registry
-        .retry(20, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
+        .retry(20, None, &[failure(LATE_SEQ)], &[NamesRef::unnamed()])
         .unwrap();
     assert_eq!(
         registry.variant_figures(&experiment).unwrap()[0].faults_total,
         1
     );
+}
+
+#[test]
+fn a_live_retry_variant_decides_for_its_failures_in_batches_and_alone() {
+    use sluice_model::{ExperimentMode, VariantTag};
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, registry) = open(dir.path(), RegistryOptions::default());
+    // Full jitter over [0, ceiling]: a random far past the 10 ms ceiling tells the versions
+    // apart.
+    let short = registry
+        .upload(
+            Kind::Retry,
+            defaults::RETRY_BACKOFF,
+            Some("initial_delay_ms=10\nmax_delay_ms=10".into()),
+            0,
+        )
+        .unwrap()
+        .version
+        .version;
+    let experiment = registry
+        .start_experiment(spec(Kind::Retry, ExperimentMode::Live, &[0, short]), 10)
+        .unwrap();
+    let tag = VariantTag {
+        kind: Kind::Retry,
+        experiment: experiment.id,
+        variant: 1,
+    };
+    let far = Failure {
+        random: 1_000_000,
+        ..failure(1)
+    };
+    let delays = |variant: Option<VariantTag>, failures: &[Failure]| {
+        let names = vec![NamesRef::unnamed(); failures.len()];
+        let decided = registry.retry(20, variant, failures, &names).unwrap();
+        let delays: Vec<u64> = decided
+            .answer
+            .iter()
+            .map(|d| match d {
+                Decision::RetryAfterMs(ms) => *ms,
+                Decision::Dead(reason) => panic!("dead: {reason:?}"),
+            })
+            .collect();
+        (delays, decided.version)
+    };
+    assert_eq!(delays(Some(tag), &[far]), (vec![1_000_000 % 11], short));
+    let (builtin, version) = delays(None, &[far]);
+    assert_eq!(version, 0, "a task in no variant: the active one");
+    assert_ne!(builtin, [1_000_000 % 11]);
+    assert_eq!(
+        delays(Some(tag), &[far, far]),
+        (vec![1_000_000 % 11; 2], short),
+        "a batch"
+    );
+    let figures = registry.variant_figures(&experiment).unwrap();
+    assert_eq!(figures[1].decisions_total, 2, "one per call");
+}
+
+#[test]
+fn a_rollout_steps_through_its_shares_then_activates_or_rolls_back() {
+    use sluice_model::{AssignBy, BUILTIN_VERSION, ExperimentEnd, RolloutSpec, RolloutState};
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, registry) = open(dir.path(), RegistryOptions::default());
+    let version = registry
+        .upload(Kind::Aging, defaults::AGING_THRESHOLD, None, 0)
+        .unwrap()
+        .version
+        .version;
+    let spec = || RolloutSpec {
+        kind: Kind::Aging,
+        version,
+        steps: vec![10, 50, 100],
+        step_ms: 1_000,
+        guards: vec!["faults == 0".into()],
+        min_tasks: 1,
+        assign_by: AssignBy::Task,
+    };
+    let first = registry.start_rollout(spec(), 10).unwrap();
+    let weights: Vec<u32> = first.variants.iter().map(|v| v.weight).collect();
+    assert_eq!(weights, [90, 10]);
+    assert_eq!(first.rollout.as_ref().unwrap().rollout, first.id);
+    let second = registry
+        .advance_rollout(first.id, vec!["faults == 0 held: 0".into()], 20)
+        .unwrap();
+    assert_eq!(second.variants[1].weight, 50);
+    assert_eq!(second.rollout.as_ref().unwrap().rollout, first.id);
+    assert_eq!(registry.live_experiments().len(), 1);
+    let done = registry.advance_rollout(second.id, vec![], 30).unwrap();
+    assert!(matches!(done.end, Some(ExperimentEnd::Promoted { .. })));
+    assert_eq!(registry.status(Kind::Aging).active_version, version);
+    assert!(registry.live_experiments().is_empty());
+    let all = sluice_model::rollouts(&registry.experiments().unwrap());
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].state, RolloutState::Completed);
+    assert_eq!(all[0].history.len(), 2);
+
+    // Back to the built-in one, rolled back at its first step.
+    let back = RolloutSpec {
+        version: BUILTIN_VERSION,
+        ..spec()
+    };
+    let step = registry.start_rollout(back, 40).unwrap();
+    registry
+        .roll_back_rollout(step.id, "faults == 0".into(), "3 faults".into(), vec![], 50)
+        .unwrap();
+    assert_eq!(registry.status(Kind::Aging).active_version, version);
+    let last = registry.detail(Kind::Aging).unwrap().events.pop().unwrap();
+    assert_eq!(last.action, PolicyAction::RolloutRolledBack);
+    assert!(
+        last.reason
+            .unwrap()
+            .contains("rolled back at step 1 (10 %): 3 faults")
+    );
+    // The active version cannot be rolled out onto itself.
+    let same = registry.start_rollout(spec(), 60).unwrap_err();
+    assert!(same.to_string().contains("already the active"), "{same}");
 }

@@ -117,63 +117,81 @@ impl VariantTally {
     }
 }
 
+/// The variant of `experiment` that `task` was assigned, if any.
+pub fn variant_of(experiment: &Experiment, task: &Task) -> Option<u8> {
+    task.variant(experiment.kind)
+        .filter(|tag| tag.experiment == experiment.id)
+        .map(|tag| tag.variant)
+}
+
+/// Hands `each` the records of the tasks created while `experiment` ran, read with `list` in
+/// pages in id order; at most `MAX_REPORT_TASKS`. Answers how many were read and whether
+/// that was all of them.
+pub fn scan<E>(
+    experiment: &Experiment,
+    mut list: impl FnMut(&ListQuery) -> Result<ListPage, E>,
+    mut each: impl FnMut(&Task) -> Option<()>,
+) -> Result<(usize, bool), E> {
+    // Ids begin with their creation ms: the first task of the experiment comes after this.
+    let mut after = Some(TaskId::from_u128(
+        (u128::from(experiment.started_at_ms) << 80).saturating_sub(1),
+    ));
+    let mut examined = 0usize;
+    while let Some(from) = after {
+        if examined >= MAX_REPORT_TASKS {
+            return Ok((examined, false));
+        }
+        let limit = PAGE_TASKS.min(MAX_REPORT_TASKS - examined);
+        let page = list(&ListQuery {
+            state: None,
+            kind: None,
+            device: None,
+            after: Some(from),
+            limit,
+            scan_budget: limit,
+        })?;
+        if page.tasks.is_empty() {
+            // Nothing past `from` (a page that examined nothing cannot move the scan on).
+            break;
+        }
+        examined += page.tasks.len();
+        for task in &page.tasks {
+            let _ = each(task);
+        }
+        let past_end = experiment
+            .ended_at_ms
+            .zip(page.tasks.last())
+            .is_some_and(|(end_ms, last)| last.id.created_ms() > end_ms);
+        after = if past_end { None } else { page.next_after };
+    }
+    Ok((examined, true))
+}
+
 /// Reads the experiment's tasks with `list` (pages in id order, from its start) and reports.
 pub fn report<E>(
     experiment: &Experiment,
     runtime: Option<Vec<ArmFigures>>,
-    mut list: impl FnMut(&ListQuery) -> Result<ListPage, E>,
+    list: impl FnMut(&ListQuery) -> Result<ListPage, E>,
 ) -> Result<ExperimentReport, E> {
     let mut tallies: Vec<VariantTally> = experiment
         .variants
         .iter()
         .map(|_| VariantTally::default())
         .collect();
-    // Ids begin with their creation ms: the first task of the experiment comes after this.
-    let mut after = Some(TaskId::from_u128(
-        (u128::from(experiment.started_at_ms) << 80).saturating_sub(1),
-    ));
-    let mut examined = 0usize;
-    let mut complete = true;
-    if experiment.mode == ExperimentMode::Live {
-        while let Some(from) = after {
-            if examined >= MAX_REPORT_TASKS {
-                complete = false;
-                break;
+    let (examined, complete) = match experiment.mode {
+        ExperimentMode::Live => scan(experiment, list, |task| {
+            // A merge experiment counts searches: not their children (which carry their
+            // tags), nor the other tasks admitted while it ran.
+            if experiment.kind == PolicyKind::Merge && task.family.is_none() {
+                return None;
             }
-            let limit = PAGE_TASKS.min(MAX_REPORT_TASKS - examined);
-            let page = list(&ListQuery {
-                state: None,
-                kind: None,
-                device: None,
-                after: Some(from),
-                limit,
-                scan_budget: limit,
-            })?;
-            if page.tasks.is_empty() {
-                // Nothing past `from` (a page that examined nothing cannot move the scan on).
-                break;
-            }
-            examined += page.tasks.len();
-            for task in &page.tasks {
-                // A merge experiment counts searches: not their children (which carry their
-                // tags), nor the other tasks admitted while it ran.
-                if experiment.kind == PolicyKind::Merge && task.family.is_none() {
-                    continue;
-                }
-                if let Some(tag) = task.variant(experiment.kind)
-                    && tag.experiment == experiment.id
-                    && let Some(tally) = tallies.get_mut(usize::from(tag.variant))
-                {
-                    tally.add(task);
-                }
-            }
-            let past_end = experiment
-                .ended_at_ms
-                .zip(page.tasks.last())
-                .is_some_and(|(end_ms, last)| last.id.created_ms() > end_ms);
-            after = if past_end { None } else { page.next_after };
-        }
-    }
+            tallies
+                .get_mut(usize::from(variant_of(experiment, task)?))?
+                .add(task);
+            Some(())
+        })?,
+        ExperimentMode::Shadow => (0, true),
+    };
     let mut runtime = runtime.unwrap_or_default().into_iter();
     let variants: Vec<VariantFigures> = experiment
         .variants
@@ -305,8 +323,19 @@ fn text(report: &ExperimentReport) -> String {
     let state = match (&experiment.end, experiment.ended_at_ms) {
         (None, _) => "running".to_owned(),
         (Some(sluice_model::ExperimentEnd::Stopped), _) => "stopped".to_owned(),
-        (Some(sluice_model::ExperimentEnd::Promoted { variant, version }), _) => {
+        (
+            Some(sluice_model::ExperimentEnd::Promoted {
+                variant, version, ..
+            }),
+            _,
+        ) => {
             format!("ended: {variant} (v{version}) promoted")
+        }
+        (Some(sluice_model::ExperimentEnd::Advanced { .. }), _) => {
+            "ended: its rollout step passed".to_owned()
+        }
+        (Some(sluice_model::ExperimentEnd::RolledBack { reason, .. }), _) => {
+            format!("ended: rolled back ({reason})")
         }
     };
     let _ = writeln!(out, "{} — {state}", experiment.describe());

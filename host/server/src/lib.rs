@@ -3,7 +3,8 @@
 //! retention), `api` the HTTP routes, `auth` tokens and policy signatures, `telemetry` metrics,
 //! logs and the status page's history, `replica` the PostgreSQL replicas' roles, `tls` the
 //! listener's certificates, `config` the settings, `concurrency_limits` the table of limits by
-//! `concurrency_key`, and `experiment` the reports of live experiments.
+//! `concurrency_key`, `experiment` the reports of live experiments, and `rollout` the guarded
+//! rollouts judged step by step.
 
 pub mod api;
 pub mod auth;
@@ -12,6 +13,7 @@ pub mod concurrency_limits;
 pub mod config;
 pub mod experiment;
 pub mod replica;
+pub mod rollout;
 pub mod scheduler;
 pub mod server;
 pub mod telemetry;

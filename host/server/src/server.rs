@@ -342,6 +342,7 @@ impl Server {
             self.state.metrics.tasks.history.clone(),
             self.history_interval,
         ));
+        let rollouts = tokio::spawn(crate::rollout::drive(self.state.clone()));
         let served = match &self.tls {
             Some(tls) => {
                 let reloading = tokio::spawn(reload_on_sighup(tls.clone()));
@@ -358,6 +359,7 @@ impl Server {
             }
         };
         sampling.abort();
+        rollouts.abort();
         self.state.scheduler.shutdown().await;
         served?;
         if let Some(reason) = self.state.scheduler.storage_failed().borrow().clone() {

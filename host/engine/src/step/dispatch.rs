@@ -7,7 +7,7 @@ use crate::{
     CallbackOutcome, Due, Report, RetryDecision, Verdict, WorkerView, failure_view, judge_report,
 };
 use rand::Rng;
-use sluice_model::{Actor, FailureClass, NamesRef, State, Task, TaskId};
+use sluice_model::{Actor, FailureClass, NamesRef, PolicyKind, State, Task, TaskId, VariantTag};
 
 /// Timers handled per tick at most; the rest wait for the next tick.
 const DUE_PER_TICK: usize = 1_024;
@@ -209,13 +209,36 @@ impl Stepper<'_> {
             .map(|(task, class, _)| failure_view(task, *class, self.random.random()))
             .collect();
         let names: Vec<NamesRef> = failed.iter().map(|(task, _, _)| task.into()).collect();
-        let decided = self.decide.retry(now_ms, &views, &names);
-        let mut decisions = decided.answer.into_iter();
+        // One call per variant of a live retry experiment (one call in all without one), each
+        // answer put back in the failures' order.
+        let mut by_variant: Vec<(Option<VariantTag>, Vec<usize>)> = Vec::new();
+        for (index, (task, _, _)) in failed.iter().enumerate() {
+            let variant = task.variant(PolicyKind::Retry);
+            match by_variant.iter_mut().find(|(v, _)| *v == variant) {
+                Some((_, indexes)) => indexes.push(index),
+                None => by_variant.push((variant, vec![index])),
+            }
+        }
+        let mut decisions: Vec<Option<(RetryDecision, Option<u32>)>> = vec![None; failed.len()];
+        for (variant, indexes) in &by_variant {
+            let decided = if by_variant.len() == 1 {
+                self.decide.retry(now_ms, *variant, &views, &names)
+            } else {
+                let (views, names): (Vec<_>, Vec<_>) =
+                    indexes.iter().map(|&i| (views[i], names[i])).unzip();
+                self.decide.retry(now_ms, *variant, &views, &names)
+            };
+            for (&index, decision) in indexes.iter().zip(decided.answer) {
+                decisions[index] = Some((decision, decided.version));
+            }
+        }
         failed
             .into_iter()
-            .map(|(task, class, message)| {
-                let decision = decisions.next().unwrap_or(RetryDecision::Dead(
-                    "the retry policy gave no answer".into(),
+            .zip(decisions)
+            .map(|((task, class, message), decided)| {
+                let (decision, version) = decided.unwrap_or((
+                    RetryDecision::Dead("the retry policy gave no answer".into()),
+                    None,
                 ));
                 let change = self
                     .engine
@@ -225,7 +248,7 @@ impl Stepper<'_> {
                         class,
                         message,
                         decision,
-                        decided.version,
+                        version,
                         actor.clone(),
                     )
                     .map_err(|source| StepError::Illegal {

@@ -122,6 +122,32 @@ function renderPolicies(policies) {
   }
 }
 
+// Running rollouts, and those that ended within the last ROLLOUTS_ENDED_SHOWN_MS.
+const ROLLOUTS_ENDED_SHOWN_MS = 3600000;
+
+function renderRollouts(rollouts) {
+  const now = Date.now();
+  const shown = (rollouts || []).filter((r) =>
+    r.state === "running" || now - (r.ended_at_ms ?? 0) < ROLLOUTS_ENDED_SHOWN_MS);
+  $("rollouts-card").hidden = shown.length === 0;
+  const body = $("rollouts").tBodies[0];
+  body.replaceChildren();
+  for (const rollout of shown) {
+    const row = document.createElement("tr");
+    row.id = `rollout-${rollout.id}`;
+    cell(row, `${rollout.id}: ${rollout.kind} v${rollout.baseline_version} → v${rollout.version}`);
+    const state = rollout.state.replace("_", " ");
+    cell(row, state, rollout.state === "rolled_back" ? "bad" : rollout.state === "running" ? "warn" : "ok")
+      .classList.add("rollout-state");
+    cell(row, `${rollout.history.length} of ${rollout.steps.length - 1}`, "num");
+    cell(row, `${rollout.share_percent} %`, "num");
+    cell(row, rollout.guards.join("; ") || "none");
+    const last = rollout.history[rollout.history.length - 1];
+    cell(row, rollout.reason ?? (last && last.judged.length ? last.judged.join("; ") : "–"));
+    body.appendChild(row);
+  }
+}
+
 // A report reads the experiment's task records: fetched now and then, not every poll.
 const REPORTS_EVERY_MS = 30000;
 let reportsFetchedAt = -Infinity;
@@ -179,17 +205,19 @@ function setHealth(label, className) {
 
 async function poll() {
   try {
-    const [stats, workers, policies, ready, history] = await Promise.all([
+    const [stats, workers, policies, ready, history, rollouts] = await Promise.all([
       getJson("/v1/stats"),
       getJson("/v1/workers"),
       unlessForbidden(getJson("/v1/policies")),
       fetch("/readyz", { headers: authHeaders() }).then((r) => r.ok),
       getJson("/v1/stats/history"),
+      unlessForbidden(getJson("/v1/rollouts")),
     ]);
     renderStats(stats);
     renderHistory(history);
     renderWorkers(workers.workers);
     renderPolicies(policies && policies.policies);
+    renderRollouts(rollouts);
     setHealth(ready ? "ready" : "draining", ready ? "ok" : "warn");
     text("updated", new Date().toLocaleTimeString());
     pollExperiments();

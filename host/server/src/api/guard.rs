@@ -45,7 +45,11 @@ pub fn need(method: &Method, route: Option<&str>) -> Need {
         "/metrics" | "/v1/stats" | "/v1/stats/history" | "/v1/events" | "/v1/workers"
         | "/v1/worker-events" => READERS,
         // Researchers read reports; starting, stopping and promoting are an administrator's.
-        "/v1/experiments" | "/v1/experiments/{id}" if get => READERS,
+        "/v1/experiments" | "/v1/experiments/{id}" | "/v1/rollouts" | "/v1/rollouts/{id}"
+            if get =>
+        {
+            READERS
+        }
         // Setting and removing limits is an administrator's.
         "/v1/concurrency-limits" if get => READERS,
         // Declaring a collection is an administrator's; its shard workers read its layout.

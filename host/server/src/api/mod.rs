@@ -14,6 +14,7 @@ mod openapi;
 mod policies;
 mod problem;
 mod reports;
+mod rollouts;
 mod status_page;
 mod tasks;
 mod tokens;
@@ -309,6 +310,9 @@ fn documented_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(experiments::report))
         .routes(routes!(experiments::stop))
         .routes(routes!(experiments::promote))
+        .routes(routes!(rollouts::start, rollouts::list))
+        .routes(routes!(rollouts::detail))
+        .routes(routes!(rollouts::stop))
         .routes(routes!(concurrency::list))
         .routes(routes!(concurrency::set, concurrency::remove))
         .routes(routes!(collections::list))

@@ -43,10 +43,11 @@ impl Decide for Shards {
     fn retry(
         &self,
         now_ms: u64,
+        variant: Option<sluice_model::VariantTag>,
         failures: &[policy_packed::Failure],
         names: &[sluice_model::NamesRef<'_>],
     ) -> Decided<Vec<sluice_engine::RetryDecision>> {
-        self.native.retry(now_ms, failures, names)
+        self.native.retry(now_ms, variant, failures, names)
     }
     fn split(&self, _now_ms: u64, _input: &SplitInput) -> Result<Decided<SplitAnswer>, String> {
         Ok(Decided {

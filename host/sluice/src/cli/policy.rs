@@ -142,12 +142,56 @@ pub enum PolicyCommand {
         server: ServerArg,
         kind: String,
     },
+    /// Roll a stored version out in steps: it decides for a growing share of new tasks (a
+    /// live experiment against the active version), each step judged by the guards on its own
+    /// tasks; a failed guard rolls it back at once, the last step makes it active.
+    Rollout {
+        #[command(flatten)]
+        server: ServerArg,
+        /// priority, aging or retry.
+        kind: String,
+        version: u32,
+        /// The version's share of new tasks at each step, in percent, ending at 100.
+        #[arg(long, value_delimiter = ',', default_value = "5,25,50,100")]
+        steps: Vec<u32>,
+        /// How long each step runs before its guards are judged.
+        #[arg(long, default_value_t = sluice_model::DEFAULT_STEP_MS)]
+        step_ms: u64,
+        /// METRIC OP LIMIT, e.g. 'low.wait_p99_ms <= 2000', 'faults == 0',
+        /// 'urgent.wait_p99_ms <= baseline + 20%'; repeatable. Every one must hold.
+        #[arg(long = "guard", value_parser = parse_guard)]
+        guards: Vec<String>,
+        /// The new version's tasks a step waits for before it is judged.
+        #[arg(long, default_value_t = sluice_model::DEFAULT_MIN_TASKS)]
+        min_tasks: u32,
+        /// What keeps a task with one version: task, device or tenant.
+        #[arg(long, default_value = "task")]
+        assign_by: String,
+    },
+    /// Every rollout, or one: its state, steps, and how each guard was judged.
+    Rollouts {
+        #[command(flatten)]
+        server: ServerArg,
+        id: Option<u32>,
+    },
+    /// Stop a running rollout: the active version decides for every task again.
+    RolloutStop {
+        #[command(flatten)]
+        server: ServerArg,
+        id: u32,
+    },
     /// Each kind's active version; with a kind, its versions and history too.
     List {
         #[command(flatten)]
         server: ServerArg,
         kind: Option<String>,
     },
+}
+
+/// A guard as written, refused here when it does not parse (the server judges it).
+fn parse_guard(text: &str) -> Result<String, String> {
+    text.parse::<sluice_model::Guard>()?;
+    Ok(text.to_owned())
 }
 
 /// A component file for a local tool (check, test, bench): its bytes, the kind asked for (if
@@ -296,6 +340,24 @@ pub async fn run(command: PolicyCommand) -> anyhow::Result<()> {
             version,
         } => client(&server)?.activate_policy(&kind, version).await?,
         PolicyCommand::Rollback { server, kind } => client(&server)?.rollback_policy(&kind).await?,
+        PolicyCommand::Rollout {
+            server,
+            kind,
+            version,
+            steps,
+            step_ms,
+            guards,
+            min_tasks,
+            assign_by,
+        } => {
+            let spec = serde_json::json!({
+                "kind": kind, "version": version, "steps": steps, "step_ms": step_ms,
+                "guards": guards, "min_tasks": min_tasks, "assign_by": assign_by,
+            });
+            client(&server)?.start_rollout(&spec).await?
+        }
+        PolicyCommand::Rollouts { server, id } => client(&server)?.rollouts(id).await?,
+        PolicyCommand::RolloutStop { server, id } => client(&server)?.stop_rollout(id).await?,
         PolicyCommand::List { server, kind } => client(&server)?.policies(kind.as_deref()).await?,
     };
     outln!("{}", serde_json::to_string_pretty(&answer)?)?;

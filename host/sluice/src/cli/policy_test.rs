@@ -254,7 +254,7 @@ fn run_case(registry: &PolicyRegistry, kind: Kind, case: &Case) -> anyhow::Resul
                 max_attempts: failure.max_attempts,
                 random: failure.random,
             };
-            let decided = registry.retry(NOW_MS, &[failure], &names)?;
+            let decided = registry.retry(NOW_MS, None, &[failure], &names)?;
             let Some(&decision) = decided.answer.first() else {
                 bail!("the policy answered no decision");
             };

@@ -291,6 +291,7 @@ fn measure_registry(registry: &PolicyRegistry) -> anyhow::Result<()> {
             for _ in 0..rounds {
                 std::hint::black_box(registry.retry(
                     1,
+                    None,
                     std::slice::from_ref(&failure),
                     &failure_refs,
                 )?);
@@ -367,7 +368,7 @@ fn retry(
     let names = refs(&names);
     let wasm = timed(|| {
         for _ in 0..rounds {
-            std::hint::black_box(registry.retry(1, &failures, &names)?);
+            std::hint::black_box(registry.retry(1, None, &failures, &names)?);
         }
         Ok(())
     })?;
