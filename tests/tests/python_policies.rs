@@ -362,3 +362,29 @@ async fn a_python_priority_policy_from_the_template_reads_kinds_live() {
         assert_eq!(created.body["bucket"], bucket, "{kind}: {:?}", created.body);
     }
 }
+
+#[test]
+fn a_python_merge_policy_passes_conformance_and_refuses_a_bad_bound_with_its_message() {
+    let Some(componentize_py) = componentize_py() else {
+        eprintln!("SKIPPED: no componentize-py (pip install componentize-py)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let merge = build_example(&componentize_py, "merge-topk", "merge-policy", dir.path());
+    let file = merge.to_str().unwrap();
+    let checked = succeeded(run_sluice(
+        &["policy", "check", file, "--config", "max_distance=0.8"],
+        &[],
+    ));
+    assert!(checked.contains("is a merge policy"), "{checked}");
+    let refused = run_sluice(
+        &["policy", "check", file, "--config", "max_distance=far"],
+        &[],
+    );
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("max_distance: `far` is not a distance"),
+        "{said}"
+    );
+}

@@ -16,12 +16,15 @@ the kind's named export (which the host calls with the names) the same way:
     class NamedRetry(sp.NamedRetry, exports.NamedRetry):
         POLICY = Retry
 
-Build it with `componentize-py -d wit -w named-retry-policy componentize app -p . -o x.wasm`
+Merge and split policies subclass `MergePolicy` and `SplitPolicy` alike (worlds `merge-policy`,
+`split-layout-policy`). Build it with
+`componentize-py -d wit -w named-retry-policy componentize app -p . -o x.wasm`
 (see policies/README.md). Every decision must be a pure function of its arguments: the host
 freezes the clock at the call's `now_ms` and gives seeded random bits, so `time` and `random`
 replay, but the arguments are where a decision's inputs belong.
 """
 
+import struct
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Optional, Tuple
 
@@ -475,3 +478,44 @@ class SplitLayoutPolicy:
         given = request.layout
         layout = Layout(given.collection, given.dim, given.shards, tuple(given.live))
         return self.POLICY().answer(module, request.vector, request.k, request.nprobe, layout)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One hit of a vector search: the id, its distance (smaller is nearer) and, in a merge's
+    input, the index of the child that found it."""
+
+    id: int
+    distance: float
+    child: int = 0
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & _U32))[0]
+
+
+def _f32_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+class MergePolicy(_Configured):
+    """Implement `merge_hits(k, weights, hits) -> [Hit, ...]`: at most `k` hits, nearest first,
+    each id once (ties broken by id). `hits` are the children's, each child's run nearest
+    first; `weights[c]` is child c's weight. Raise `Refuse(reason)` to refuse the merge."""
+
+    def merge_hits(self, k: int, weights: List[float], hits: List[Hit]) -> List[Hit]:
+        raise NotImplementedError
+
+    def merge(self, k: int, weights: List[float], hits: List[int]) -> List[int]:
+        given = [
+            Hit(hits[at], _f32(hits[at + 1]), hits[at + 1] >> 32)
+            for at in range(0, len(hits) - 1, 2)
+        ]
+        try:
+            chosen = self.merge_hits(k, list(weights), given)
+        except Refuse as why:
+            raise Err(str(why))
+        answer: List[int] = []
+        for hit in chosen:
+            answer.extend((hit.id, _f32_bits(hit.distance)))
+        return answer
