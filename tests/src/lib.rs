@@ -545,6 +545,31 @@ pub fn componentize_py() -> Option<PathBuf> {
     found.then_some(program)
 }
 
+/// A `PATH` on which `componentize-js` (npm), which builds the JavaScript policies, runs:
+/// `SLUICE_COMPONENTIZE_JS` (`.ci/run` sets it to the `node_modules/.bin` it installed) put
+/// first, or the `PATH` as it is. `None` when it does not run there, and the caller skips,
+/// unless `SLUICE_REQUIRE_COMPONENTIZE_JS=1` (set by `.ci/run`) makes that a failure.
+pub fn componentize_js_path() -> Option<String> {
+    let inherited = std::env::var("PATH").unwrap_or_default();
+    let path = match std::env::var("SLUICE_COMPONENTIZE_JS") {
+        Ok(folder) => format!("{folder}:{inherited}"),
+        Err(_) => inherited,
+    };
+    let found = Command::new("componentize-js")
+        .arg("--version")
+        .env("PATH", &path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let required = std::env::var("SLUICE_REQUIRE_COMPONENTIZE_JS").is_ok_and(|v| v == "1");
+    assert!(
+        found || !required,
+        "SLUICE_REQUIRE_COMPONENTIZE_JS=1 but componentize-js does not run: npm install @bytecodealliance/componentize-js"
+    );
+    found.then_some(path)
+}
+
 /// Builds the Python policy whose `app.py` is in the first of `python_path` as a component of
 /// `world`, against the repository's WIT, and reads it.
 pub fn build_python_policy(

@@ -9,6 +9,7 @@ mod demo;
 mod experiment;
 mod logging;
 mod policy;
+mod policy_js;
 mod policy_kit;
 mod policy_test;
 mod repair;

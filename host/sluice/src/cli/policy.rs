@@ -56,8 +56,8 @@ pub enum PolicyCommand {
         kind: String,
         /// The crate's name (lower case, digits, - and _).
         name: String,
-        /// The language of the project: rust, or python (retry and aging; built with
-        /// componentize-py).
+        /// The language of the project: rust; python (priority, retry and aging; built with
+        /// componentize-py); or js (priority and retry; built with componentize-js).
         #[arg(long, default_value = "rust")]
         lang: String,
         /// Where to create the project.

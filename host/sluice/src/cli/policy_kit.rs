@@ -1,5 +1,5 @@
 //! `sluice policy new|check|bench`: a platform team's local tools. `new` writes a buildable
-//! project on the Rust or Python SDK (vendored, so it builds anywhere); `check` runs an
+//! project on the Rust, Python or JavaScript SDK (vendored, so it builds anywhere); `check` runs an
 //! upload's validation and conformance offline; `bench` prints what a decision of a component
 //! costs.
 
@@ -182,11 +182,11 @@ fn python_files(kind: Kind, name: &str) -> anyhow::Result<Vec<(String, String)>>
     Ok(files)
 }
 
-/// Writes the project `dir/name` in `lang` (rust or python); refuses to touch an existing
+/// Writes the project `dir/name` in `lang` (rust, python or js); refuses to touch an existing
 /// directory.
 pub fn new_project(kind: Kind, name: &str, lang: &str, dir: &Path) -> anyhow::Result<PathBuf> {
-    if lang != "rust" && lang != "python" {
-        bail!("--lang {lang}: templates ship for rust and python");
+    if !["rust", "python", "js"].contains(&lang) {
+        bail!("--lang {lang}: templates ship for rust, python and js");
     }
     let valid = !name.is_empty()
         && name.len() <= 64
@@ -206,10 +206,10 @@ pub fn new_project(kind: Kind, name: &str, lang: &str, dir: &Path) -> anyhow::Re
             root.display()
         );
     }
-    let files = if lang == "python" {
-        python_files(kind, name)?
-    } else {
-        rust_files(kind, name)
+    let files = match lang {
+        "python" => python_files(kind, name)?,
+        "js" => super::policy_js::js_files(kind, name)?,
+        _ => rust_files(kind, name),
     };
     for (path, text) in files {
         let path = root.join(path);
@@ -265,7 +265,8 @@ fn rust_files(kind: Kind, name: &str) -> Vec<(String, String)> {
 }
 
 /// The priority templates' case table for `sluice policy test`.
-const PRIORITY_CASES: &str = include_str!("../../assets/policy-templates/priority-cases.toml");
+pub(super) const PRIORITY_CASES: &str =
+    include_str!("../../assets/policy-templates/priority-cases.toml");
 
 /// A registry over a catalog in memory: the server's validation, with nothing kept. Its
 /// runtime may grant what was asked (the server's own maximum is checked at upload).
