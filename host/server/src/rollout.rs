@@ -245,21 +245,44 @@ pub fn verdict<E>(
     })
 }
 
-/// Looks at every running rollout every `ROLLOUT_TICK_MS` until the server stops.
+/// A due step still short of its least tasks is looked at again after this (its scan reads
+/// every task record of the step, so not every tick).
+const SHORT_STEP_RELOOK_MS: u64 = 2_000;
+
+/// Looks at every running rollout every `ROLLOUT_TICK_MS` until the server stops; the first
+/// look also reads the catalog for a rollout whose next step never started.
 pub async fn drive(state: crate::api::AppState) {
     let mut ticks = tokio::time::interval(Duration::from_millis(ROLLOUT_TICK_MS));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut looker = Looker {
+        resumed: false,
+        relook_at_ms: std::collections::HashMap::new(),
+    };
     loop {
         ticks.tick().await;
         if state.draining.load(std::sync::atomic::Ordering::Acquire) {
             continue;
         }
         let looked = state.clone();
-        let done = tokio::task::spawn_blocking(move || look(&looked)).await;
+        let done = tokio::task::spawn_blocking(move || {
+            let result = looker.look(&looked);
+            (looker, result)
+        })
+        .await;
         match done {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "rollouts not looked at this time"),
-            Err(error) => tracing::error!(%error, "the rollout look panicked"),
+            Ok((back, result)) => {
+                looker = back;
+                if let Err(error) = result {
+                    tracing::warn!(%error, "rollouts not looked at this time");
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "the rollout look panicked");
+                looker = Looker {
+                    resumed: false,
+                    relook_at_ms: std::collections::HashMap::new(),
+                };
+            }
         }
     }
 }
@@ -274,72 +297,120 @@ enum LookError {
     Audit(#[from] crate::auth::AuthError),
 }
 
-/// One look: judges each due step, and starts the next step of a rollout whose step passed
-/// but whose successor never started.
-fn look(state: &crate::api::AppState) -> Result<(), LookError> {
-    let registry: &PolicyRegistry = &state.policies;
+/// What the looks remember: whether the catalog was read for unstarted steps, and when each
+/// step short of its least tasks is to be looked at again.
+struct Looker {
+    resumed: bool,
+    relook_at_ms: std::collections::HashMap<u32, u64>,
+}
+
+impl Looker {
+    /// One look: judges each due step of the running experiments (kept in memory), and, the
+    /// first time, starts the next step of a rollout whose step passed but whose successor
+    /// never started (the server stopped between the two writes).
+    fn look(&mut self, state: &crate::api::AppState) -> Result<(), LookError> {
+        let registry: &PolicyRegistry = &state.policies;
+        let now_ms = crate::scheduler::Clock::now_ms(&crate::scheduler::SystemClock);
+        if !self.resumed {
+            resume_unstarted(registry, now_ms)?;
+            self.resumed = true;
+        }
+        let live = registry.live_experiments();
+        self.relook_at_ms
+            .retain(|id, _| live.iter().any(|e| e.id == *id));
+        for experiment in live.iter().filter(|e| e.rollout.is_some()) {
+            if self
+                .relook_at_ms
+                .get(&experiment.id)
+                .is_some_and(|&at_ms| now_ms < at_ms)
+            {
+                continue;
+            }
+            let waited = judge_step(state, experiment, now_ms)?;
+            if waited {
+                self.relook_at_ms
+                    .insert(experiment.id, now_ms + SHORT_STEP_RELOOK_MS);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn resume_unstarted(registry: &PolicyRegistry, now_ms: u64) -> Result<(), LookError> {
     let experiments = registry.experiments()?;
-    let now_ms = crate::scheduler::Clock::now_ms(&crate::scheduler::SystemClock);
     for experiment in &experiments {
         let Some(step) = &experiment.rollout else {
             continue;
         };
-        if !experiment.is_running() {
-            let last_of_its_rollout = !experiments.iter().any(|e| {
-                e.id > experiment.id
-                    && e.rollout
-                        .as_ref()
-                        .is_some_and(|r| r.rollout == step.rollout)
-            });
-            if last_of_its_rollout && matches!(experiment.end, Some(ExperimentEnd::Advanced { .. }))
-            {
-                registry.resume_rollout(experiment, now_ms)?;
-            }
-            continue;
+        let last_of_its_rollout = !experiments.iter().any(|e| {
+            e.id > experiment.id
+                && e.rollout
+                    .as_ref()
+                    .is_some_and(|r| r.rollout == step.rollout)
+        });
+        if last_of_its_rollout && matches!(experiment.end, Some(ExperimentEnd::Advanced { .. })) {
+            registry.resume_rollout(experiment, now_ms)?;
         }
-        let faults = registry
-            .variant_figures(experiment)
-            .map(|arms| [0, 1].map(|i| arms.get(i).map_or(0, |arm| arm.faults_total)))
-            .unwrap_or_default();
-        let scheduler = state.scheduler.clone();
-        let verdict = verdict(experiment, faults, now_ms, |query| scheduler.list(query))?;
-        let target = format!("rollout {}", step.rollout);
-        let (action, detail) = match verdict {
-            StepVerdict::Wait => continue,
-            StepVerdict::Advance(judged) => {
-                let ended = registry.advance_rollout(experiment.id, judged.clone(), now_ms)?;
-                let action = if ended.is_running() {
-                    "rollout.advance"
-                } else {
-                    state.scheduler.policies_changed();
-                    "rollout.complete"
-                };
-                (action, judged.join("; "))
-            }
-            StepVerdict::RollBack {
-                guard,
-                reason,
-                judged,
-            } => {
-                registry.roll_back_rollout(experiment.id, guard, reason.clone(), judged, now_ms)?;
-                ("rollout.rollback", reason)
-            }
-        };
-        state.gate.audit(AuditEvent {
-            seq: 0,
-            at_ms: now_ms,
-            token_id: SERVER_ACTOR.into(),
-            role: Role::Admin,
-            action: action.into(),
-            target,
-            detail: Some(format!(
-                "step {} ({} %): {detail}",
-                step.step + 1,
-                step.share_percent()
-            )),
-        })?;
     }
     Ok(())
+}
+
+/// Judges one running step and acts on the verdict; true when the step was due but short of
+/// its least tasks.
+fn judge_step(
+    state: &crate::api::AppState,
+    experiment: &Experiment,
+    now_ms: u64,
+) -> Result<bool, LookError> {
+    let registry: &PolicyRegistry = &state.policies;
+    let Some(step) = &experiment.rollout else {
+        return Ok(false);
+    };
+    let faults = registry
+        .variant_figures(experiment)
+        .map(|arms| [0, 1].map(|i| arms.get(i).map_or(0, |arm| arm.faults_total)))
+        .unwrap_or_default();
+    let scheduler = state.scheduler.clone();
+    let verdict = verdict(experiment, faults, now_ms, |query| scheduler.list(query))?;
+    let target = format!("rollout {}", step.rollout);
+    let (action, detail) = match verdict {
+        StepVerdict::Wait => {
+            let due = now_ms.saturating_sub(experiment.started_at_ms) >= step.step_ms;
+            return Ok(due);
+        }
+        StepVerdict::Advance(judged) => {
+            let ended = registry.advance_rollout(experiment.id, judged.clone(), now_ms)?;
+            let action = if ended.is_running() {
+                "rollout.advance"
+            } else {
+                state.scheduler.policies_changed();
+                "rollout.complete"
+            };
+            (action, judged.join("; "))
+        }
+        StepVerdict::RollBack {
+            guard,
+            reason,
+            judged,
+        } => {
+            registry.roll_back_rollout(experiment.id, guard, reason.clone(), judged, now_ms)?;
+            ("rollout.rollback", reason)
+        }
+    };
+    state.gate.audit(AuditEvent {
+        seq: 0,
+        at_ms: now_ms,
+        token_id: SERVER_ACTOR.into(),
+        role: Role::Admin,
+        action: action.into(),
+        target,
+        detail: Some(format!(
+            "step {} ({} %): {detail}",
+            step.step + 1,
+            step.share_percent()
+        )),
+    })?;
+    Ok(false)
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@ const JS_SDK: &str = include_str!("../../../../policies/examples/js/sdk/sluice_p
 
 /// The componentize-js release the projects pin (npm).
 pub const COMPONENTIZE_JS_VERSION: &str = "0.23.0";
+/// componentize-js imports preview2-shim at run time but declares it only for its own
+/// development, so a clean install (`npm ci`) leaves it out unless the project names it.
+const PREVIEW2_SHIM_VERSION: &str = "0.25.0";
 
 /// A first JavaScript policy of each kind the SDK covers, and its unit test.
 fn template(kind: Kind) -> anyhow::Result<(&'static str, &'static str)> {
@@ -41,19 +44,15 @@ pub fn build_script(kind: Kind, name: &str) -> String {
 /// builds against, its package.json (componentize-js pinned) and a README.
 pub fn js_files(kind: Kind, name: &str) -> anyhow::Result<Vec<(String, String)>> {
     let (app, test) = template(kind)?;
-    let package = serde_json::json!({
-        "name": name,
-        "version": "0.1.0",
-        "private": true,
-        "type": "module",
-        "scripts": {
-            "build": build_script(kind, name),
-            "test": "node --test",
-        },
-        "devDependencies": {
-            "@bytecodealliance/componentize-js": COMPONENTIZE_JS_VERSION,
-        },
-    });
+    // Written out rather than through serde_json, whose maps would sort the keys.
+    let build = build_script(kind, name);
+    let package = format!(
+        "{{\n  \"name\": \"{name}\",\n  \"version\": \"0.1.0\",\n  \"private\": true,\n  \
+         \"type\": \"module\",\n  \"scripts\": {{\n    \"build\": \"{build}\",\n    \
+         \"test\": \"node --test\"\n  }},\n  \"devDependencies\": {{\n    \
+         \"@bytecodealliance/componentize-js\": \"{COMPONENTIZE_JS_VERSION}\",\n    \
+         \"@bytecodealliance/preview2-shim\": \"{PREVIEW2_SHIM_VERSION}\"\n  }}\n}}\n"
+    );
     let cases_line = if kind == Kind::Priority {
         format!("sluice policy test {name}.wasm --cases cases.toml --config urgent_prefixes=oct.\n")
     } else {
@@ -81,7 +80,7 @@ pub fn js_files(kind: Kind, name: &str) -> anyhow::Result<Vec<(String, String)>>
             "wit/policy.wit".into(),
             include_str!("../../../../wit/policy.wit").into(),
         ),
-        ("package.json".into(), format!("{package:#}\n")),
+        ("package.json".into(), package),
         ("README.md".into(), readme),
     ];
     if kind == Kind::Priority {
