@@ -617,6 +617,29 @@ pub async fn put_policy(
     answer(request.send().await.expect("PUT")).await
 }
 
+/// `sluice policy upload` of `file` as `kind` with `settings` (name=value), then `sluice policy
+/// activate` of the version it made: that version.
+pub fn upload_and_activate(server: &Server, kind: &str, file: &Path, settings: &[&str]) -> u64 {
+    let mut args = vec!["policy", "upload", "--server", &server.url, kind];
+    let path = file.to_str().unwrap();
+    args.push(path);
+    for setting in settings {
+        args.extend(["--config", setting]);
+    }
+    let uploaded: Value = serde_json::from_str(&succeeded(run_sluice(&args, &[]))).unwrap();
+    let version = uploaded["version"].as_u64().unwrap();
+    let activate = [
+        "policy",
+        "activate",
+        "--server",
+        &server.url,
+        kind,
+        &version.to_string(),
+    ];
+    succeeded(run_sluice(&activate, &[]));
+    version
+}
+
 /// Runs the `sluice` command with `args` and `env` (logs at warn), waiting for it.
 pub fn run_sluice(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     Command::new(sluice_binary())

@@ -54,25 +54,6 @@ fn new_tested_built(kind: &str, name: &str, dir: &Path, path_var: &str) -> (Path
     (project, component)
 }
 
-fn upload_and_activate(server: &Server, kind: &str, file: &Path, settings: &[&str]) {
-    let mut args = vec!["policy", "upload", "--server", &server.url, kind];
-    args.push(file.to_str().unwrap());
-    for setting in settings {
-        args.extend(["--config", setting]);
-    }
-    let uploaded: Value = serde_json::from_str(&succeeded(run_sluice(&args, &[]))).unwrap();
-    let version = uploaded["version"].as_u64().unwrap().to_string();
-    let activate = [
-        "policy",
-        "activate",
-        "--server",
-        &server.url,
-        kind,
-        &version,
-    ];
-    succeeded(run_sluice(&activate, &[]));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_javascript_priority_policy_from_the_template_reads_kinds_labels_and_json_settings_live()
 {

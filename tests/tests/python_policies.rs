@@ -24,27 +24,6 @@ fn build_example(componentize_py: &Path, name: &str, world: &str, dir: &Path) ->
     out
 }
 
-fn upload_and_activate(server: &Server, kind: &str, file: &Path, settings: &[&str]) -> u64 {
-    let mut args = vec!["policy", "upload", "--server", &server.url, kind];
-    let path = file.to_str().unwrap();
-    args.push(path);
-    for setting in settings {
-        args.extend(["--config", setting]);
-    }
-    let uploaded: Value = serde_json::from_str(&succeeded(run_sluice(&args, &[]))).unwrap();
-    let version = uploaded["version"].as_u64().unwrap();
-    let activate = [
-        "policy",
-        "activate",
-        "--server",
-        &server.url,
-        kind,
-        &version.to_string(),
-    ];
-    succeeded(run_sluice(&activate, &[]));
-    version
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_retry_and_aging_policies_pass_conformance_and_decide_live() {
     let Some(componentize_py) = componentize_py() else {
