@@ -4,7 +4,7 @@
 
 use crate::experiment::{scan, variant_of};
 use sluice_model::{
-    AuditEvent, Experiment, ExperimentEnd, Guard, GuardLimit, GuardMetric, Priority, Role,
+    AuditEvent, Experiment, ExperimentEnd, Guard, GuardLimit, GuardMetric, GuardOp, Priority, Role,
     STEP_WAIT_FACTOR, State, Task,
 };
 use sluice_policy_runtime::PolicyRegistry;
@@ -138,7 +138,11 @@ pub fn judge(guard: &Guard, tallies: &[StepTally; 2], faults: [u64; 2], seed: u6
         format!("{text} held: {shown}{interval_shown}")
     } else {
         let by = (candidate - limit_shown).abs();
-        let side = if guard.op.caps() { "over" } else { "under" };
+        let side = match guard.op {
+            GuardOp::AtMost | GuardOp::Below => "over",
+            GuardOp::AtLeast | GuardOp::Above => "under",
+            GuardOp::Equal => "away from",
+        };
         format!(
             "{text} failed: {shown}{interval_shown}, {} {side} the limit of {}",
             number(by),
