@@ -44,6 +44,7 @@ pub(super) fn list(shared: &Shared, query: &ListQuery) -> Result<ListPage, Store
             .tree
             .range::<Vec<u8>, _>((start, Bound::Excluded(prefix_end(&prefix)))),
         head: None,
+        last: None,
     };
     let mut page = ListPage::default();
     let mut examined = 0;
@@ -79,10 +80,24 @@ struct Merged<'a> {
     stored: sled::Iter,
     /// The tree's next entry, read ahead.
     head: Option<(TaskId, sled::IVec)>,
+    /// The last id answered: the listing is in strictly rising id order.
+    last: Option<TaskId>,
 }
 
 impl Merged<'_> {
+    /// The next task in id order, each at most once. The tree iterator sees writes made while
+    /// it runs, so a task answered from the overlay may reach the tree (flushed) after the
+    /// merge has passed it; such an entry, at or below the last id answered, is skipped.
     fn next(&mut self) -> Result<Option<(TaskId, Task)>, StoreError> {
+        let next = self.next_merged()?;
+        if let Some((id, _)) = &next {
+            debug_assert!(self.last.is_none_or(|last| last < *id), "ids rise");
+            self.last = Some(*id);
+        }
+        Ok(next)
+    }
+
+    fn next_merged(&mut self) -> Result<Option<(TaskId, Task)>, StoreError> {
         loop {
             if self.head.is_none()
                 && let Some(entry) = self.stored.next()
@@ -90,6 +105,9 @@ impl Merged<'_> {
                 let (key, value) = entry.map_err(sled_error)?;
                 let id = keys::id_at(&key, self.id_offset)
                     .ok_or_else(|| corrupt("task index", "short key"))?;
+                if self.last.is_some_and(|last| id <= last) {
+                    continue;
+                }
                 self.head = Some((id, value));
             }
             let from_overlay = match (self.pending.peek(), &self.head) {
