@@ -159,19 +159,19 @@ async fn requests_past_the_in_flight_bound_are_refused_at_once() {
     );
     let client = http();
     register_worker(&client, &server, "gpu-1", 1).await;
-    // Two claims wait for work that never comes, holding both places, as long as a claim may
-    // (30 s): a loaded machine (CI runs tests side by side, a policy compile may take both
-    // cores for a minute) still sees them held.
+    // Two claims wait for work that never comes, holding both places for 25 s (under the test
+    // client's 30 s timeout): a loaded machine (CI runs tests side by side, a policy compile
+    // may take both cores for a minute) still sees them held.
     let mut waiting = Vec::new();
     for _ in 0..2 {
         let (client, url) = (client.clone(), server.endpoint("/v1/workers/gpu-1/claim"));
         waiting.push(tokio::spawn(async move {
-            post_json(&client, &url, &json!({"max": 1, "wait_ms": 30000})).await
+            post_json(&client, &url, &json!({"max": 1, "wait_ms": 25000})).await
         }));
     }
     let refused = wait_for(
         "a request refused for want of room",
-        Duration::from_secs(28),
+        Duration::from_secs(23),
         || {
             let (client, url) = (client.clone(), server.endpoint("/v1/stats"));
             async move {
