@@ -359,3 +359,92 @@ fn the_skip_locked_baseline_completes_every_job_directly_and_over_http() {
         assert!(printed.contains("jobs/s "), "{printed}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_submits_the_asked_count_in_the_asked_mix_and_prints_the_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let output = sluice(&[
+        "load",
+        "--server",
+        &server.url,
+        "--rate",
+        "200",
+        "--duration-s",
+        "2",
+        "--mix",
+        "urgent=1,low=1",
+        "--devices",
+        "4",
+        "--tenants",
+        "2",
+        "--kind",
+        "oct.qa",
+        "--kind",
+        "ct.scan",
+        "--label",
+        "ed=true",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("sent 400 tasks"), "{stdout}");
+    assert!(
+        stdout.contains("acknowledged 400, refused 0, unanswered 0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("acknowledgement latency from each task's due time: p50 "),
+        "{stdout}"
+    );
+
+    let tasks = all_tasks(&http(), &server).await;
+    assert_eq!(tasks.len(), 400);
+    let mut by_priority = std::collections::BTreeMap::new();
+    for task in &tasks {
+        *by_priority
+            .entry(task["priority"].as_str().unwrap().to_owned())
+            .or_insert(0) += 1;
+        let device = task["device"].as_str().unwrap();
+        let n: u32 = device
+            .strip_prefix("load-device-")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(n < 4);
+        assert_eq!(task["tenant"], format!("load-site-{}", n % 2));
+        assert!(["oct.qa", "ct.scan"].contains(&task["kind"].as_str().unwrap()));
+        assert_eq!(task["labels"]["ed"], "true");
+    }
+    // Half urgent, half low, none normal: the seeded draw lands near the shares.
+    assert!(!by_priority.contains_key("normal"), "{by_priority:?}");
+    assert!(
+        (150..=250).contains(&by_priority["urgent"]),
+        "{by_priority:?}"
+    );
+}
+
+#[test]
+fn load_refuses_bad_settings_with_a_message() {
+    for (args, says) in [
+        (&["--mix", "urgent=0"][..], "add up to 0"),
+        (&["--mix", "soon=1"][..], "not a priority"),
+        (&["--rate", "0"][..], "--rate must be"),
+        (
+            &["--rate", "100000", "--duration-s", "1000"][..],
+            "at most 10000000",
+        ),
+        (&["--devices", "0"][..], "at least 1"),
+    ] {
+        let mut all = vec!["load", "--server", "http://127.0.0.1:9"];
+        all.extend_from_slice(args);
+        let output = sluice(&all);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(stderr.lines().count() <= 3, "{stderr}");
+    }
+}

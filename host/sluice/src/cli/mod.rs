@@ -7,6 +7,7 @@ mod output;
 mod bench;
 mod demo;
 mod experiment;
+mod load;
 mod logging;
 mod policy;
 mod policy_js;
@@ -67,6 +68,8 @@ enum Command {
     },
     /// Run a reference worker (synthetic executor, or a vector shard with --vectors).
     Worker(worker::WorkerArgs),
+    /// Submit a steady mixed load to a running server and print acknowledgement latency.
+    Load(load::LoadArgs),
     /// Cut a damaged write-ahead log so the server starts again, keeping a copy of it.
     Repair(repair::RepairArgs),
     /// Write workload traces for simulations: synthetic, from a cluster's CSV, or a server's.
@@ -117,6 +120,7 @@ pub fn main() -> ExitCode {
             Command::Token { command } => token::run(command).await,
             Command::Experiment { command } => experiment::run(command).await,
             Command::Worker(args) => worker::run_worker(args).await,
+            Command::Load(args) => load::run(args).await,
             Command::Bench { command } => bench::run(command).await,
             Command::Repair(args) => repair::run(args),
             Command::Trace { command } => trace::run(command).await,

@@ -22,6 +22,11 @@ pub struct ServerArg {
 impl ServerArg {
     /// A client of the server with these credentials.
     pub fn client(&self) -> anyhow::Result<Client> {
+        self.client_with_pool(16)
+    }
+
+    /// The same, keeping up to `idle_connections` connections open for concurrent callers.
+    pub fn client_with_pool(&self, idle_connections: usize) -> anyhow::Result<Client> {
         let ca_cert_pem = match &self.ca_cert {
             Some(path) => Some(
                 std::fs::read(path)
@@ -33,7 +38,11 @@ impl ServerArg {
             token: self.token.clone(),
             ca_cert_pem,
         };
-        Ok(Client::connect(&self.server, 16, &credentials)?)
+        Ok(Client::connect(
+            &self.server,
+            idle_connections,
+            &credentials,
+        )?)
     }
 }
 
@@ -127,7 +136,7 @@ fn parse_priority(text: &str) -> Result<Priority, String> {
         .map_err(|_| format!("`{text}` is not a priority: use urgent, normal or low"))
 }
 
-fn parse_label(text: &str) -> Result<(String, String), String> {
+pub(super) fn parse_label(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
         _ => Err(format!("`{text}` is not a label: use key=value")),
