@@ -1,4 +1,4 @@
-//! The README and `docs/`: every relative link resolves to a file of the repository, and every
+//! The README, `docs/` and the Python client's README: every relative link resolves to a file of the repository, and every
 //! `#anchor` to a heading of the page it names. The README stays under 20 KB.
 
 use std::path::{Path, PathBuf};
@@ -10,10 +10,13 @@ fn repository() -> PathBuf {
         .to_path_buf()
 }
 
-/// The pages checked: the README and every Markdown file under `docs/`.
+/// The pages checked: the README, every Markdown file under `docs/`, and the Python client's.
 fn pages() -> Vec<PathBuf> {
     let root = repository();
-    let mut pages = vec![root.join("README.md")];
+    let mut pages = vec![
+        root.join("README.md"),
+        root.join("clients/python/README.md"),
+    ];
     let docs = std::fs::read_dir(root.join("docs")).expect("a docs/ folder");
     for entry in docs {
         let path = entry.expect("a docs/ entry").path();
