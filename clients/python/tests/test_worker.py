@@ -10,6 +10,8 @@ import threading
 import time
 from collections import Counter
 
+import httpx
+
 from conftest import HERE, wait_for
 
 from sluice_client import Client, Job, TaskRequest, Worker
@@ -155,3 +157,69 @@ def test_sigterm_drains_a_worker_process(client, server, processes):
     assert client.get(later.id).state == "queued"
     line = re.search(r"drained: claimed (\d+) completed (\d+)", proc.output())
     assert line and line.groups() == ("2", "2"), proc.output()
+
+
+class FlakyTransport(httpx.HTTPTransport):
+    """The real transport, but the first `failures` reports of `report` never reach the
+    server (a dropped connection), the next `lost` reach it and lose their answer, and the next
+    `errors_5xx` are answered 503 by a "proxy"."""
+
+    def __init__(self, report: str, failures: int, lost: int, errors_5xx: int):
+        super().__init__()
+        self.report, self.failures, self.lost, self.errors_5xx = report, failures, lost, errors_5xx
+        self.dropped = 0
+        self.answers_lost = 0
+        self.answered_503 = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith(f"/{self.report}"):
+            if self.dropped < self.failures:
+                self.dropped += 1
+                raise httpx.ConnectError("simulated: connection refused", request=request)
+            if self.answers_lost < self.lost:
+                self.answers_lost += 1
+                super().handle_request(request).read()
+                raise httpx.ReadError("simulated: connection reset", request=request)
+            if self.answered_503 < self.errors_5xx:
+                self.answered_503 += 1
+                return httpx.Response(503, json={"type": "urn:sluice:problem:overloaded",
+                                                 "title": "Overloaded", "status": 503})
+        return super().handle_request(request)
+
+
+def test_reports_are_retried_through_network_errors_and_5xx_while_the_lease_lasts(server):
+    flaky = FlakyTransport("complete", failures=2, lost=1, errors_5xx=2)
+    device = Client(server.url)
+    worker, thread = slow_worker(Client(server.url, transport=flaky), "py-flaky",
+                                 lambda job: {"exam": job.payload["exam"]})
+    task = device.submit("oct.analyze", {"exam": 5})
+    done = device.wait(task.id, timeout_s=30)
+    assert (done.state, done.result, done.attempt) == ("completed", {"exam": 5}, 1)
+    # The server has it once the answer-lost report lands; the worker's resends go on.
+    wait_for("the worker's report answered", lambda: worker.stats.completed == 1)
+    assert (flaky.dropped, flaky.answers_lost, flaky.answered_503) == (2, 1, 2)
+    # The report whose answer was lost had landed; its resends were answered as it was.
+    completions = [e for e in device.task_events(task.id) if e.to_state == "completed"]
+    assert len(completions) == 1
+    worker.stop()
+    thread.join(30)
+    assert (worker.stats.completed, worker.stats.errors) == (1, 5)
+    device.close()
+
+
+def test_loaded_models_are_announced_at_once(client):
+    def execute(job: Job) -> dict:
+        job.worker.loaded("retina-net", gpu=job.gpu or 0, memory_mb=2048)
+        return {}
+
+    worker, thread = slow_worker(client, "py-models", execute, heartbeat_interval_s=60)
+    task = client.submit("oct.analyze")
+    client.wait(task.id, timeout_s=30)
+    # The heartbeat interval is a minute: only the announcement can have sent it.
+    wait_for("the model announced", lambda: worker_view(client, "py-models").get("loaded_models"))
+    assert worker_view(client, "py-models")["loaded_models"] == [
+        {"name": "retina-net", "gpu": 0, "memory_mb": 2048}]
+    worker.unloaded("retina-net")
+    wait_for("the model gone", lambda: not worker_view(client, "py-models").get("loaded_models"))
+    worker.stop()
+    thread.join(30)
