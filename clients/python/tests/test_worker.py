@@ -223,3 +223,14 @@ def test_loaded_models_are_announced_at_once(client):
     wait_for("the model gone", lambda: not worker_view(client, "py-models").get("loaded_models"))
     worker.stop()
     thread.join(30)
+
+
+def test_a_result_over_the_servers_bound_fails_the_task_for_good(client):
+    worker, thread = slow_worker(client, "py-big", lambda job: {"blob": "x" * 2_000_000})
+    task = client.submit("oct.analyze", max_attempts=3)
+    ended = client.wait(task.id, timeout_s=30)
+    assert (ended.state, ended.attempt) == ("dead", 1), ended
+    assert "max_result_bytes" in ended.error["message"]
+    worker.stop()
+    thread.join(30)
+    assert worker.stats.failed == 1

@@ -338,6 +338,16 @@ class Worker:
         else:
             body, counter = {"class": outcome[1], "message": outcome[2]}, "failed"
         reported = self._report(grant, outcome[0], body, lease)
+        if reported == "too-large":
+            # The server keeps results up to `max_result_bytes` (and bodies a little over): a
+            # bigger one can never be stored, so the attempt fails for good instead of running
+            # again.
+            body = {
+                "class": "permanent",
+                "message": "the result is over the server's max_result_bytes",
+            }
+            counter = "failed"
+            reported = self._report(grant, "fail", body, lease)
         if reported == "done":
             self.stats.add(counter)
         elif reported == "cancelled":
@@ -382,7 +392,8 @@ class Worker:
     def _report(
         self, grant: LeaseGrant, report: str, body: dict[str, Any], lease: _LeaseClock
     ) -> str:
-        """"done", "cancelled" (told to stop), "refused" (stale) or "failed"."""
+        """"done", "cancelled" (told to stop), "refused" (stale), "too-large" (a result over
+        the server's bound) or "failed"."""
         pause = 0.1
         tries = 0
         while True:
@@ -394,6 +405,8 @@ class Worker:
             except ProblemError as error:
                 if error.status == 409 and error.type in _TOLD_TO_STOP:
                     return "cancelled"
+                if error.status == 413 and report == "complete":
+                    return "too-large"
                 if error.status == 409:
                     self.stats.add("refused")
                     log.info("%s of task %s refused: %s", report, grant.task.id, error.detail)
