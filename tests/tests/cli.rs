@@ -432,6 +432,7 @@ fn load_refuses_bad_settings_with_a_message() {
     for (args, says) in [
         (&["--mix", "urgent=0"][..], "add up to 0"),
         (&["--mix", "soon=1"][..], "not a priority"),
+        (&["--mix", "urgent=1,urgent=2"][..], "named twice"),
         (&["--rate", "0"][..], "--rate must be"),
         (
             &["--rate", "100000", "--duration-s", "1000"][..],

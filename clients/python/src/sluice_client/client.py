@@ -101,7 +101,7 @@ class Client:
                 timeout=timeout_s if timeout_s is not None else self.timeout_s,
             )
         except httpx.HTTPError as error:
-            raise TransportError(f"{method} {path}: {error!r}") from error
+            raise TransportError(f"{method} {self.url}{path}: {error!r}") from error
         if response.status_code >= 400:
             raise _problem(response)
         if response.status_code == 204 or not response.content:

@@ -119,12 +119,15 @@ class Lease(Record):
     worker: str = ""
     attempt: int = 0
     expires_at_ms: int = 0
+    attempt_ends_at_ms: int = 0
     claimed_at_ms: int | None = None
+    claim_id: str | None = None
     started_at_ms: int | None = None
     gpu: int | None = None
     ended_at_ms: int | None = None
     stopped_at_ms: int | None = None
     revoked_at_ms: int | None = None
+    revoked_for: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -34,7 +34,8 @@ pub struct LoadArgs {
         default_value_t = 10.0
     )]
     duration_s: f64,
-    /// Each priority's share of the tasks.
+    /// Each priority's share of the tasks: weights, scaled to add up to 1; a priority left out
+    /// gets none.
     #[arg(long, value_parser = parse_mix, default_value = "urgent=0.2,normal=0.5,low=0.3")]
     mix: Mix,
     /// Devices the tasks come from (`load-device-N`), each of one tenant.
@@ -66,6 +67,7 @@ pub struct Mix([f64; 3]);
 
 fn parse_mix(text: &str) -> Result<Mix, String> {
     let mut shares = [0.0; 3];
+    let mut named = [false; 3];
     for part in text.split(',') {
         let Some((name, share)) = part.split_once('=') else {
             return Err(format!("`{part}` is not NAME=SHARE (e.g. urgent=0.2)"));
@@ -80,6 +82,9 @@ fn parse_mix(text: &str) -> Result<Mix, String> {
                 ));
             }
         };
+        if std::mem::replace(&mut named[index], true) {
+            return Err(format!("{} is named twice", name.trim()));
+        }
         let share: f64 = share
             .trim()
             .parse()
@@ -277,17 +282,15 @@ async fn summary(
     let mut latency = std::mem::take(&mut *tally.latency_us.lock().await);
     latency.sort_unstable();
     let at = |q: f64| -> f64 {
-        if latency.is_empty() {
-            return 0.0;
-        }
         let index = ((latency.len() - 1) as f64 * q).round() as usize;
         latency[index] as f64 / 1000.0
     };
     outln!()?;
+    // The last task was due one interval before the load's end: that interval counts.
+    let span_s = sending.as_secs_f64() + 1.0 / args.rate;
     outln!(
-        "sent {total} tasks in {:.2} s: {:.1} a second (asked {:.1}); all answered after {:.2} s",
-        sending.as_secs_f64(),
-        total as f64 / sending.as_secs_f64().max(1e-9),
+        "sent {total} tasks in {span_s:.2} s: {:.1} a second (asked {:.1}); the last answer or error after {:.2} s",
+        total as f64 / span_s,
         args.rate,
         answered.as_secs_f64()
     )?;
@@ -299,12 +302,16 @@ async fn summary(
         by_priority[1],
         by_priority[2]
     )?;
-    outln!(
-        "acknowledgement latency from each task's due time: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-        at(0.5),
-        at(0.99),
-        at(1.0)
-    )?;
+    if latency.is_empty() {
+        outln!("acknowledgement latency: none acknowledged")?;
+    } else {
+        outln!(
+            "acknowledgement latency from each task's due time: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            at(0.5),
+            at(0.99),
+            at(1.0)
+        )?;
+    }
     if late_waits > 0 {
         outln!(
             "behind: {late_waits} tasks waited for one of the {} submissions in flight to be answered (raise --max-in-flight, or the server is saturated)",
