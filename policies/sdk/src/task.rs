@@ -52,6 +52,10 @@ pub struct Task<'a> {
 }
 
 impl<'a> Task<'a> {
+    // Built once per task in every batch: returned by value without inlining, the struct is
+    // copied with `memory.copy`, a call into the host's memmove under wasmtime (+9 ns a task
+    // in retry batches; see docs/benchmarks.md).
+    #[inline(always)]
     pub fn new(view: View, names: &'a Names) -> Self {
         Task {
             seq: view.seq,
@@ -107,6 +111,8 @@ pub struct Failure<'a> {
 }
 
 impl<'a> Failure<'a> {
+    // As `Task::new`: built in place, not copied.
+    #[inline(always)]
     pub fn new(failure: policy_packed::Failure, names: &'a Names) -> Self {
         Failure {
             task: Task::new(failure.task, names),
