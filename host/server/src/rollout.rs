@@ -80,6 +80,9 @@ pub fn tally<E>(
 pub struct Judgement {
     pub guard: String,
     pub held: bool,
+    /// False when the step had nothing to judge it on (no tasks of its bucket from both
+    /// versions): it then holds, but the step waits for evidence while it may.
+    pub judged: bool,
     /// e.g. `low.wait_p99_ms <= 2000 failed: the new version's 4812 (the baseline's 310), 2812 over`.
     pub line: String,
 }
@@ -102,6 +105,7 @@ pub fn judge(guard: &Guard, tallies: &[StepTally; 2], faults: [u64; 2], seed: u6
         return Judgement {
             guard: text.clone(),
             held: true,
+            judged: false,
             line: format!("{text} not judged: no {what} of both versions in this step"),
         };
     };
@@ -150,6 +154,7 @@ pub fn judge(guard: &Guard, tallies: &[StepTally; 2], faults: [u64; 2], seed: u6
         )
     };
     Judgement {
+        judged: true,
         guard: text.clone(),
         held,
         line,
@@ -212,9 +217,10 @@ pub enum StepVerdict {
     },
 }
 
-/// Judges a running step at `now_ms`: due once its time is up and the new version has its
-/// least tasks (or `STEP_WAIT_FACTOR` step lengths went by); every guard holds, or the first
-/// that fails rolls it back.
+/// Judges a running step at `now_ms`: due once its time is up, the new version has its least
+/// tasks and every guard has tasks of both versions to be judged on (or `STEP_WAIT_FACTOR`
+/// step lengths went by: then a guard with nothing to judge holds); every guard holds, or the
+/// first that fails rolls it back.
 pub fn verdict<E>(
     experiment: &Experiment,
     faults: [u64; 2],
@@ -239,7 +245,12 @@ pub fn verdict<E>(
         .map(|guard| judge(guard, &tallies, faults, u64::from(experiment.id)))
         .collect();
     let judged: Vec<String> = judgements.iter().map(|j| j.line.clone()).collect();
-    Ok(match judgements.iter().find(|j| !j.held) {
+    let failed = judgements.iter().find(|j| !j.held);
+    // A step is not passed on no evidence while it may still gather some; a failure is final.
+    if failed.is_none() && !waited_long && judgements.iter().any(|j| !j.judged) {
+        return Ok(StepVerdict::Wait);
+    }
+    Ok(match failed {
         Some(failed) => StepVerdict::RollBack {
             guard: failed.guard.clone(),
             reason: failed.line.clone(),
@@ -444,7 +455,8 @@ mod tests {
         assert!(held.held, "{}", held.line);
         let urgent: Guard = "urgent.wait_p99_ms <= 10".parse().unwrap();
         let empty = judge(&urgent, &[fast.clone(), fast], [0, 0], 1);
-        assert!(empty.held);
+        assert!(empty.held && !empty.judged);
+        assert!(held.judged && failed.judged);
         assert!(
             empty.line.contains("not judged: no urgent tasks"),
             "{}",

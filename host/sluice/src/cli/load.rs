@@ -158,26 +158,16 @@ pub async fn run(args: LoadArgs) -> anyhow::Result<()> {
     for n in 0..total {
         let due = started + Duration::from_secs_f64(n as f64 / args.rate);
         tokio::time::sleep_until(due.into()).await;
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            // Every slot is waiting on the server: this task goes late, and is counted so.
-            late_waits += 1;
-            let permit = slots.clone().acquire_owned().await?;
-            spawn_one(
-                &client,
-                &tally,
-                permit,
-                due,
-                spec(&args, &labels, &mut random, &mut by_priority),
-            );
-            continue;
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                // Every slot is waiting on the server: this task goes late, and is counted so.
+                late_waits += 1;
+                slots.clone().acquire_owned().await?
+            }
         };
-        spawn_one(
-            &client,
-            &tally,
-            permit,
-            due,
-            spec(&args, &labels, &mut random, &mut by_priority),
-        );
+        let task = spec(&args, &labels, &mut random, &mut by_priority);
+        spawn_one(&client, &tally, permit, due, task);
         let elapsed = started.elapsed();
         if elapsed >= next_report {
             outln!(
