@@ -234,3 +234,26 @@ def test_a_result_over_the_servers_bound_fails_the_task_for_good(client):
     worker.stop()
     thread.join(30)
     assert worker.stats.failed == 1
+
+
+def test_heartbeats_go_on_while_a_stopped_worker_drains(client):
+    release = threading.Event()
+    running = threading.Event()
+
+    def execute(job: Job) -> dict:
+        running.set()
+        release.wait(30)
+        return {"drained": True}
+
+    worker, thread = slow_worker(client, "py-draining", execute, heartbeat_interval_s=0.2)
+    task = client.submit("oct.analyze")
+    wait_for("the executor running", running.is_set)
+    worker.stop()
+    stopped_at = time.monotonic()
+    # A heartbeat sent well after the stop: the server still sees a live worker.
+    wait_for("a heartbeat during the drain", lambda: time.monotonic() - stopped_at > 1.0
+             and worker_view(client, "py-draining")["heartbeat_age_ms"] < 500, timeout_s=10)
+    release.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert client.get(task.id).result == {"drained": True}

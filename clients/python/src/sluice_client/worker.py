@@ -152,6 +152,9 @@ class Worker:
         self.stats = WorkerStats()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        # Heartbeats go on through a drain, so the server sees a live worker finishing its
+        # attempts; they end once every attempt has reported.
+        self._beats_done = threading.Event()
         self._beat_now = threading.Event()
         self._free = threading.Semaphore(self.slots)
         self._fatal: SluiceError | None = None
@@ -177,7 +180,6 @@ class Worker:
     def stop(self) -> None:
         """Drain: claim nothing more; `run()` returns once the attempts in hand have reported."""
         self._stopping.set()
-        self._beat_now.set()
 
     def run(self, *, handle_signals: bool = True) -> WorkerStats:
         """Works until `stop()` (or SIGTERM/SIGINT, when called on the main thread with
@@ -209,6 +211,7 @@ class Worker:
             self._stopping.set()
             claims.join()
             attempts.shutdown(wait=True)
+            self._beats_done.set()
             self._beat_now.set()
             beats.join(timeout=self.client.timeout_s)
             if self._loop is not None:
@@ -237,10 +240,10 @@ class Worker:
         return beat
 
     def _heartbeats(self) -> None:
-        while not self._stopping.is_set():
+        while not self._beats_done.is_set():
             self._beat_now.wait(self.heartbeat_interval_s)
             self._beat_now.clear()
-            if self._stopping.is_set():
+            if self._beats_done.is_set():
                 return
             try:
                 self.client.heartbeat(self.id, self._heartbeat_now())
@@ -249,6 +252,14 @@ class Worker:
                 log.warning("heartbeat of %s failed: %s", self.id, error)
 
     def _claims(self, attempts: concurrent.futures.ThreadPoolExecutor) -> None:
+        try:
+            self._claim_loop(attempts)
+        except Exception as error:  # noqa: BLE001 - a bug here must stop the worker loudly
+            log.exception("the claim loop of %s broke", self.id)
+            self._fatal = SluiceError(f"the claim loop broke: {error!r}")
+            self._stopping.set()
+
+    def _claim_loop(self, attempts: concurrent.futures.ThreadPoolExecutor) -> None:
         # A claim that got no answer is sent again under the same name, so the leases it may
         # have granted come back instead of waiting out their timeout.
         unanswered: str | None = None
