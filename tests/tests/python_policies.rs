@@ -157,6 +157,24 @@ async fn python_retry_and_aging_policies_pass_conformance_and_decide_live() {
     assert_eq!(status.body["faults_total"], 0, "{:?}", status.body);
 }
 
+/// The SDK's own tests (settings of every shape), natively: they need python3 only.
+#[test]
+fn the_python_sdks_settings_read_lists_and_maps_and_refuse_bad_shapes() {
+    let output = std::process::Command::new("python3")
+        .arg("test_sluice_policy.py")
+        .current_dir(examples().join("sdk"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(stdout.matches(" passed").count(), 3, "{stdout}");
+}
+
 #[test]
 fn policy_new_writes_a_python_project_that_builds_and_checks() {
     let Some(componentize_py) = componentize_py() else {

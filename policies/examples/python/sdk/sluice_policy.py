@@ -24,6 +24,7 @@ freezes the clock at the call's `now_ms` and gives seeded random bits, so `time`
 replay, but the arguments are where a decision's inputs belong.
 """
 
+import json  # imported here, not where used: componentize-py bundles what the module imports
 import struct
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Optional, Tuple
@@ -188,9 +189,55 @@ def dead(reason: int) -> int:
     return _DEAD | reason
 
 
+def _json(name: str, value: str, kind: type):
+    try:
+        parsed = json.loads(value)
+    except ValueError as error:
+        raise ConfigError(f"{name}: not JSON ({error})")
+    if not isinstance(parsed, kind):
+        what = "object" if kind is dict else "list"
+        raise ConfigError(f"{name}: expected a JSON {what}, not {value!r}")
+    return parsed
+
+
+def _like(name: str, value, default):
+    """A JSON `value` checked against `default`'s type (text, integer, true/false, list, object;
+    any when there is no default to go by)."""
+    if default is None:
+        return value
+    if isinstance(default, bool) or isinstance(value, bool):
+        if not (isinstance(default, bool) and isinstance(value, bool)):
+            raise ConfigError(f"{name}: {value!r} is not {type(default).__name__}")
+        return value
+    if isinstance(default, int):
+        if not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name}: {value!r} is not a non-negative integer")
+        return value
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{name}: {value!r} is not text")
+        return value
+    if isinstance(default, (list, tuple)):
+        if not isinstance(value, list):
+            raise ConfigError(f"{name}: {value!r} is not a list")
+        item = default[0] if default else None
+        return [_like(name, v, item) for v in value]
+    if isinstance(default, dict):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}: {value!r} is not an object")
+        item = next(iter(default.values()), None)
+        return {k: _like(f"{name}.{k}", v, item) for k, v in value.items()}
+    return value
+
+
 def _typed(name: str, value: str, default):
-    """`value` as the type of `default`: a non-negative integer, text, or a comma-separated list
-    of the type of the default's items (text when the default list is empty)."""
+    """`value` as the type of `default`: a non-negative integer, text, true/false, a list (a
+    JSON array, or comma-separated) of the type of the default's items (text when the default
+    list is empty), or a JSON object whose values are of the type of the default's."""
+    if isinstance(default, dict):
+        return _like(name, _json(name, value, dict), default)
+    if isinstance(default, (list, tuple)) and value.startswith("["):
+        return _like(name, _json(name, value, list), list(default) or [""])
     if isinstance(default, bool):
         if value not in ("true", "false"):
             raise ConfigError(f"{name}: {value!r} is not true or false")
@@ -208,7 +255,8 @@ def _typed(name: str, value: str, default):
 
 def parse_config(config: bytes, defaults: Dict[str, object]) -> Dict[str, object]:
     """`name=value` lines (blank lines and `#` comments skipped) over `defaults`, each value
-    read as its default's type (an integer, text, true/false, or a comma-separated list); an
+    read as its default's type (an integer, text, true/false, a list as JSON or comma-separated,
+    or a JSON object); an
     unknown name, a repeated name or a value of the wrong type is refused."""
     try:
         text = config.decode()
