@@ -72,16 +72,7 @@ fn parse_mix(text: &str) -> Result<Mix, String> {
         let Some((name, share)) = part.split_once('=') else {
             return Err(format!("`{part}` is not NAME=SHARE (e.g. urgent=0.2)"));
         };
-        let index = match name.trim() {
-            "urgent" => 0,
-            "normal" => 1,
-            "low" => 2,
-            other => {
-                return Err(format!(
-                    "`{other}` is not a priority: use urgent, normal or low"
-                ));
-            }
-        };
+        let index = super::tasks::parse_priority(name.trim())?.index();
         if std::mem::replace(&mut named[index], true) {
             return Err(format!("{} is named twice", name.trim()));
         }
@@ -204,7 +195,7 @@ fn spec(
     by_priority: &mut [u64; 3],
 ) -> TaskSpec {
     let priority = args.mix.pick(random.random());
-    by_priority[priority as usize] += 1;
+    by_priority[priority.index()] += 1;
     let device = random.random_range(0..args.devices);
     let kind = &args.kinds[random.random_range(0..args.kinds.len())];
     TaskSpec {

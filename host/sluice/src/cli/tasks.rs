@@ -131,7 +131,7 @@ pub enum TaskCommand {
     },
 }
 
-fn parse_priority(text: &str) -> Result<Priority, String> {
+pub(super) fn parse_priority(text: &str) -> Result<Priority, String> {
     serde_json::from_value(serde_json::Value::String(text.to_owned()))
         .map_err(|_| format!("`{text}` is not a priority: use urgent, normal or low"))
 }
