@@ -20,6 +20,7 @@ fn other_value(setting: &SettingInfo) -> toml::Value {
         ("tls_key", _) => Value::String("/etc/sluice/key.pem".into()),
         ("callback_ca_file", _) => Value::String("/etc/sluice/ca.pem".into()),
         ("listen", _) => Value::String("127.0.0.1:7701".into()),
+        ("batch_wait_ms", _) => Value::Array(vec![Value::String("low=20".into())]),
         (_, Some(Value::Integer(n))) => Value::Integer(n + 1),
         (_, Some(Value::Boolean(b))) => Value::Boolean(!b),
         (_, Some(Value::String(text))) => Value::String(format!("{text}-other")),

@@ -6,7 +6,7 @@ pub mod worker;
 
 // The model's types a client names, so one dependency is enough to embed the worker.
 pub use sluice_model::{FailureClass, Gpu, Heartbeat, LoadedModel, Priority, TaskId, TaskSpec};
-pub use sluice_wire::{ClaimResponse, LeaseGrant, LeaseView, TaskView};
+pub use sluice_wire::{BatchRequest, ClaimResponse, LeaseGrant, LeaseView, TaskView};
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -315,7 +315,6 @@ impl Client {
             .await
     }
 
-    /// Claims up to `max` tasks for worker `id`, waiting up to `wait_ms` for work.
     /// Claims up to `max` tasks for worker `id`, waiting up to `wait_ms` for work. `claim_id`
     /// names the claim: after an error, sending the same one again returns what it granted.
     pub async fn claim(
@@ -325,9 +324,29 @@ impl Client {
         wait_ms: u64,
         claim_id: Option<&str>,
     ) -> Result<ClaimResponse, ClientError> {
+        self.claim_batch(id, max, wait_ms, claim_id, None).await
+    }
+
+    /// `claim`, for one GPU batch when `batch` is given: up to `batch.max_size` tasks of one
+    /// kind, model and batch key, on one GPU.
+    pub async fn claim_batch(
+        &self,
+        id: &str,
+        max: usize,
+        wait_ms: u64,
+        claim_id: Option<&str>,
+        batch: Option<&BatchRequest>,
+    ) -> Result<ClaimResponse, ClientError> {
         let mut body = serde_json::json!({ "max": max, "wait_ms": wait_ms });
         if let Some(claim_id) = claim_id {
             body["claim_id"] = Value::String(claim_id.to_owned());
+        }
+        if let Some(batch) = batch {
+            body["batch"] = serde_json::json!({
+                "max_size": batch.max_size,
+                "max_wait_ms": batch.max_wait_ms,
+                "models": batch.models,
+            });
         }
         let url = format!("{}/v1/workers/{id}/claim", self.base);
         // A long poll may outlast the client's usual timeout.

@@ -41,7 +41,7 @@ mod wrr;
 
 pub use breaker::{BreakerOptions, BreakerState};
 pub use callbacks::{CALLBACK_ATTEMPT_TIMEOUT_MS, CallbackOutcome, MAX_CALLBACK_ATTEMPTS};
-pub use claims::{NoClaim, Pick};
+pub use claims::{BatchClaim, MAX_BATCH_MODELS, NoClaim, Pick, Picks};
 pub use collections::{CollectionView, HeartbeatRefused, ShardView};
 pub use decide::{
     Decide, Decided, NativeDecider, SplitAnswer, SplitInput, native_merge, to_retry_decision,
@@ -98,6 +98,13 @@ pub struct Snapshot {
     pub largest_gpu_memory_mb: Option<u64>,
 }
 
+/// `EngineOptions::batch_wait_ms` by default: urgent never waits for a batch; normal and
+/// low wait as long as a claim asks, up to `MAX_BATCH_WAIT_MS`.
+pub const DEFAULT_BATCH_WAIT_MS: [u64; 3] = [0, MAX_BATCH_WAIT_MS, MAX_BATCH_WAIT_MS];
+
+/// The longest a batch may wait to fill, for a claim's `max_wait_ms` and a bucket's cap.
+pub const MAX_BATCH_WAIT_MS: u64 = 10_000;
+
 /// The engine's settings: bounds and durations, all in ms.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineOptions {
@@ -129,6 +136,10 @@ pub struct EngineOptions {
     /// How long a task naming a model waits for a worker with that model loaded before it
     /// may go to one that must load it.
     pub affinity_wait_ms: u64,
+    /// Per bucket (urgent, normal, low), the longest a task waits in its bucket for a GPU
+    /// batch to fill (a batch claim's own `max_wait_ms` may be shorter): 0 hands a batch
+    /// holding such a task out at once, so urgent work never waits for a batch.
+    pub batch_wait_ms: [u64; 3],
 }
 
 impl Default for EngineOptions {
@@ -147,6 +158,7 @@ impl Default for EngineOptions {
             collections: Vec::new(),
             preempt_after_ms: None,
             affinity_wait_ms: 10_000,
+            batch_wait_ms: DEFAULT_BATCH_WAIT_MS,
         }
     }
 }

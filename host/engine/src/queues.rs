@@ -47,6 +47,16 @@ impl TenantWeights {
     }
 }
 
+/// What one charge changed, so that it can be taken back.
+#[derive(Clone, Copy, Debug)]
+#[must_use]
+pub struct Charged {
+    bucket: Priority,
+    tenant: u32,
+    /// The tenant's pass and the bucket's virtual time before; none when the tenant had no pass.
+    before: Option<(u64, u64)>,
+}
+
 /// One bucket's tenants: their queues and passes.
 #[derive(Debug, Default)]
 struct Tenants {
@@ -84,15 +94,25 @@ impl Tenants {
         }
     }
 
-    /// Moves `tenant`'s pass on by one claim's stride.
-    fn charge(&mut self, tenant: u32, weights: &TenantWeights) {
-        let Some(pass) = self.passes.get_mut(&tenant) else {
-            return;
-        };
+    /// Moves `tenant`'s pass on by one claim's stride; answers the pass and virtual time before.
+    fn charge(&mut self, tenant: u32, weights: &TenantWeights) -> Option<(u64, u64)> {
+        let pass = self.passes.get_mut(&tenant)?;
+        let before = (*pass, self.virtual_time);
         self.order.remove(&(*pass, tenant));
         self.virtual_time = self.virtual_time.max(*pass);
         *pass = pass.saturating_add(weights.stride(tenant));
         self.order.insert((*pass, tenant));
+        Some(before)
+    }
+
+    /// Puts `tenant`'s pass and the virtual time back as they were before a charge.
+    fn uncharge(&mut self, tenant: u32, (pass_before, virtual_time_before): (u64, u64)) {
+        if let Some(pass) = self.passes.get_mut(&tenant) {
+            self.order.remove(&(*pass, tenant));
+            *pass = pass_before;
+            self.order.insert((pass_before, tenant));
+        }
+        self.virtual_time = virtual_time_before;
     }
 }
 
@@ -249,9 +269,23 @@ impl BucketQueues {
             .filter_map(|&(_, id)| self.get(id))
     }
 
-    /// A claim served `tenant` in `bucket`: its pass moves on by its stride.
-    pub fn charge(&mut self, bucket: Priority, tenant: u32, weights: &TenantWeights) {
-        self.tenants[bucket.index()].charge(tenant, weights);
+    /// A claim served `tenant` in `bucket`: its pass moves on by its stride. The answer takes
+    /// it back (`uncharge`), for a claim that ends up leasing nothing.
+    pub fn charge(&mut self, bucket: Priority, tenant: u32, weights: &TenantWeights) -> Charged {
+        Charged {
+            bucket,
+            tenant,
+            before: self.tenants[bucket.index()].charge(tenant, weights),
+        }
+    }
+
+    /// Takes back charges, the last first.
+    pub fn uncharge(&mut self, charges: Vec<Charged>) {
+        for charged in charges.into_iter().rev() {
+            if let Some(before) = charged.before {
+                self.tenants[charged.bucket.index()].uncharge(charged.tenant, before);
+            }
+        }
     }
 
     /// The tenants waiting in `bucket`, with how many tasks each.
@@ -286,7 +320,7 @@ mod tests {
             let Some(first) = queues.fair_iter(Priority::Normal).next().cloned() else {
                 break;
             };
-            queues.charge(Priority::Normal, first.view.tenant, weights);
+            let _ = queues.charge(Priority::Normal, first.view.tenant, weights);
             queues.remove(first.id);
             served.push(first.view.tenant);
         }

@@ -36,11 +36,14 @@ pub struct QueueNeeds {
     /// The model it runs, for warm placement.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// What it must share with the others of a GPU batch beside its kind and model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_key: Option<String>,
 }
 
 impl QueueNeeds {
     fn is_empty(&self) -> bool {
-        self.concurrency_key.is_none() && self.model.is_none()
+        self.concurrency_key.is_none() && self.model.is_none() && self.batch_key.is_none()
     }
 
     /// `Some` when there is anything to hold.
@@ -110,6 +113,7 @@ impl QueueEntry {
             needs: QueueNeeds {
                 concurrency_key: task.concurrency_key.clone(),
                 model: task.resources.model.clone(),
+                batch_key: task.resources.batch_key.clone(),
             }
             .boxed(),
         }
@@ -126,6 +130,19 @@ impl QueueEntry {
 
     pub fn model(&self) -> Option<&str> {
         self.needs.as_ref()?.model.as_deref()
+    }
+
+    pub fn batch_key(&self) -> Option<&str> {
+        self.needs.as_ref()?.batch_key.as_deref()
+    }
+
+    /// Whether `other` may run in one GPU batch with this task: the same kind, model and
+    /// batch key.
+    pub fn batches_with(&self, other: &QueueEntry) -> bool {
+        self.view.kind == other.view.kind
+            && self.names.kind == other.names.kind
+            && self.model() == other.model()
+            && self.batch_key() == other.batch_key()
     }
 
     /// `[bucket][format][rank][gpu_memory_mb][view: 6 words][has deadline][deadline]
@@ -249,8 +266,10 @@ mod tests {
         entry.needs = QueueNeeds {
             concurrency_key: Some("scanner-7".into()),
             model: Some("seg-v3".into()),
+            batch_key: Some("512x496".into()),
         }
         .boxed();
+        assert_eq!(entry.batch_key(), Some("512x496"));
         assert_eq!(entry.concurrency_key(), Some("scanner-7"));
         assert_eq!(entry.model(), Some("seg-v3"));
         assert_eq!(entry.labels()["site"], "a");

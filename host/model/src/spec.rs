@@ -17,6 +17,12 @@ pub struct Resources {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._:/@-]{1,128}$"))]
     pub model: Option<String>,
+    /// What, beside the kind and the model, a task must share with others to run in one GPU
+    /// batch with them (an input shape, say `512x496`): a worker claiming batches gets tasks
+    /// of one kind, model and batch key together. None batches with the others that have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._:/@-]{1,128}$"))]
+    pub batch_key: Option<String>,
 }
 
 /// The body of `POST /v1/tasks`. Unknown fields are refused so that a typo is an error, not a
@@ -223,6 +229,9 @@ impl TaskSpec {
         }
         if let Some(model) = &self.resources.model {
             check_name("resources.model", model)?;
+        }
+        if let Some(batch_key) = &self.resources.batch_key {
+            check_name("resources.batch_key", batch_key)?;
         }
         if self.labels.len() > MAX_LABELS {
             return Err(field("labels", format!("at most {MAX_LABELS} labels")));

@@ -236,6 +236,8 @@ impl Server {
                     collections: collections.all(),
                     preempt_after_ms: config.preemption.then_some(config.preempt_after_ms),
                     affinity_wait_ms: config.affinity_wait_ms,
+                    batch_wait_ms: crate::config::bucket_batch_waits(&config.batch_wait_ms)
+                        .map_err(|e| ServerError::Config(format!("batch_wait_ms: {e}")))?,
                     ..EngineOptions::default()
                 },
                 sync_claims: config.sync_claims,

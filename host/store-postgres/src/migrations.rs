@@ -14,7 +14,7 @@ use std::pin::Pin;
 
 /// Every migration, oldest first: version, file name and text. A test holds this list to the
 /// `migrations/` folder, so a file added there and not here fails it.
-pub(crate) const FILES: [(i64, &str, &str); 11] = [
+pub(crate) const FILES: [(i64, &str, &str); 12] = [
     (
         1,
         "0001_store.sql",
@@ -69,6 +69,11 @@ pub(crate) const FILES: [(i64, &str, &str); 11] = [
         11,
         "0011_collections.sql",
         include_str!("../migrations/0011_collections.sql"),
+    ),
+    (
+        12,
+        "0012_record_format_4.sql",
+        include_str!("../migrations/0012_record_format_4.sql"),
     ),
 ];
 

@@ -32,6 +32,24 @@ pub struct LeaseGrant {
     pub lease_expires_at_ms: u64,
 }
 
+/// A claim for one GPU batch: up to `max_size` tasks of one kind, model and
+/// `resources.batch_key`, on one GPU.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BatchRequest {
+    /// The most tasks of the batch (1 to 64, and no more than the claim's `max`).
+    pub max_size: usize,
+    /// How long a batch short of `max_size` may wait for more, counted from when its oldest
+    /// task joined its bucket (at most 10000; each bucket's `batch_wait_ms` caps it, 0 for
+    /// urgent by default, so urgent work never waits for a batch).
+    #[serde(default)]
+    pub max_wait_ms: u64,
+    /// Only tasks of these models (at most 16; any model when empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
+}
+
 #[derive(Serialize, Deserialize, Debug, Clone)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClaimRefusal {

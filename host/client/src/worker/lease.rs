@@ -31,6 +31,24 @@ pub(super) struct Attempt<E> {
     pub stats: Arc<WorkerStats>,
 }
 
+impl<E> Clone for Attempt<E> {
+    fn clone(&self) -> Self {
+        Attempt {
+            client: self.client.clone(),
+            executor: self.executor.clone(),
+            stats: self.stats.clone(),
+        }
+    }
+}
+
+/// One task of an attempt under way: its lease, and the keeper heartbeating it.
+struct Running {
+    grant: LeaseGrant,
+    lease_ends_ms: Arc<AtomicU64>,
+    cancel: Cancel,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
 /// What became of a report.
 enum Reported {
     Done,
@@ -42,6 +60,47 @@ enum Reported {
 
 impl<E: Executor> Attempt<E> {
     pub async fn run(self, grant: LeaseGrant) {
+        let Some(running) = self.start(grant).await else {
+            return;
+        };
+        let outcome = self
+            .executor
+            .execute(&running.grant, running.cancel.clone())
+            .await;
+        self.finish(running, outcome).await;
+    }
+
+    /// Runs a GPU batch: every task started (each its own report), the started ones through
+    /// one `execute_batch` call while their leases are kept, then each outcome reported.
+    pub async fn run_batch(self, grants: Vec<LeaseGrant>) {
+        let started =
+            futures_util::future::join_all(grants.into_iter().map(|grant| self.start(grant))).await;
+        let running: Vec<Running> = started.into_iter().flatten().collect();
+        if running.is_empty() {
+            return;
+        }
+        let (grants, cancels): (Vec<LeaseGrant>, Vec<Cancel>) = running
+            .iter()
+            .map(|r| (r.grant.clone(), r.cancel.clone()))
+            .unzip();
+        let mut outcomes = self
+            .executor
+            .execute_batch(&grants, &cancels)
+            .await
+            .into_iter();
+        futures_util::future::join_all(running.into_iter().map(|running| {
+            let outcome = outcomes.next().unwrap_or_else(|| Outcome::Fail {
+                class: sluice_model::FailureClass::Transient,
+                message: "the executor's batch gave no outcome for this task".into(),
+            });
+            self.finish(running, outcome)
+        }))
+        .await;
+    }
+
+    /// Reports the attempt started and sets its lease keeper going; none when the server
+    /// refused the start (or the task ended, which is then reported stopped).
+    async fn start(&self, grant: LeaseGrant) -> Option<Running> {
         let id = grant.task.id;
         let token = grant.lease_token.clone();
         let lease_ends_ms = Arc::new(AtomicU64::new(grant.lease_expires_at_ms));
@@ -50,19 +109,40 @@ impl<E: Executor> Attempt<E> {
             .await
         {
             Reported::Done => {}
-            Reported::Cancelled => return self.stopped(id, &token, &lease_ends_ms).await,
-            Reported::Refused | Reported::Failed => return,
+            Reported::Cancelled => {
+                self.stopped(id, &token, &lease_ends_ms).await;
+                return None;
+            }
+            Reported::Refused | Reported::Failed => return None,
         }
         let (cancel_sender, cancel) = Cancel::new();
         let keeper = tokio::spawn(keep_alive(
             self.client.clone(),
             id,
-            token.clone(),
+            token,
             lease_ends_ms.clone(),
             cancel_sender,
         ));
-        let outcome = self.executor.execute(&grant, cancel.clone()).await;
+        Some(Running {
+            grant,
+            lease_ends_ms,
+            cancel,
+            keeper,
+        })
+    }
+
+    /// Stops the lease keeper and reports `outcome` (or `stopped`, when the server ended the
+    /// task while it ran).
+    async fn finish(&self, running: Running, outcome: Outcome) {
+        let Running {
+            grant,
+            lease_ends_ms,
+            cancel,
+            keeper,
+        } = running;
         keeper.abort();
+        let id = grant.task.id;
+        let token = grant.lease_token;
         if cancel.is_cancelled() {
             return self.stopped(id, &token, &lease_ends_ms).await;
         }

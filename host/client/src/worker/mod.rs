@@ -29,8 +29,27 @@ pub enum Outcome {
 /// server ends the task meanwhile (a cancel, its deadline), `cancel` fires: the executor should
 /// stop its work and return soon (what it returns is then not reported). The server keeps the
 /// attempt's GPU counted as busy until it does, or until the lease runs out.
+///
+/// A worker that claims GPU batches (`WorkerConfig::batch`) hands each batch to
+/// `execute_batch` as one call: tasks of one kind, model and batch key, on one GPU. Its
+/// default runs `execute` for each task at once; a GPU service overrides it to run the inputs
+/// as one batch. Each task keeps its own lease, cancel signal and report.
 pub trait Executor: Send + Sync + 'static {
     fn execute(&self, grant: &LeaseGrant, cancel: Cancel) -> impl Future<Output = Outcome> + Send;
+
+    /// Runs a batch; one outcome per grant, in order (a missing one fails its task).
+    fn execute_batch(
+        &self,
+        grants: &[LeaseGrant],
+        cancels: &[Cancel],
+    ) -> impl Future<Output = Vec<Outcome>> + Send {
+        futures_util::future::join_all(
+            grants
+                .iter()
+                .zip(cancels)
+                .map(|(grant, cancel)| self.execute(grant, cancel.clone())),
+        )
+    }
 }
 
 /// The signal that the server has ended the task an attempt runs for.
@@ -106,6 +125,10 @@ pub struct WorkerConfig {
     /// How long one claim waits for work on the server.
     pub claim_wait_ms: u64,
     pub heartbeat_interval: Duration,
+    /// Claim GPU batches of this shape (each run by `Executor::execute_batch`) rather than
+    /// single tasks. A batch is claimed once `max_size` of the worker's places are free: set
+    /// `max_concurrency` to the GPUs times `max_size`.
+    pub batch: Option<sluice_wire::BatchRequest>,
 }
 
 impl WorkerConfig {
@@ -116,6 +139,7 @@ impl WorkerConfig {
             heartbeat,
             claim_wait_ms: 5_000,
             heartbeat_interval: Duration::from_secs(2),
+            batch: None,
         }
     }
 }
@@ -131,13 +155,19 @@ pub struct WorkerStats {
     /// Attempts stopped because the server ended their task (cancelled, past its deadline).
     pub cancelled: AtomicU64,
     pub errors: AtomicU64,
+    /// GPU batches claimed (with `WorkerConfig::batch`).
+    pub batches: AtomicU64,
 }
 
 impl WorkerStats {
     pub fn line(&self) -> String {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let batches = match get(&self.batches) {
+            0 => String::new(),
+            n => format!(" in {n} batches"),
+        };
         format!(
-            "claimed {} completed {} failed {} refused {} cancelled {} errors {}",
+            "claimed {}{batches} completed {} failed {} refused {} cancelled {} errors {}",
             get(&self.claimed),
             get(&self.completed),
             get(&self.failed),
@@ -175,9 +205,14 @@ pub async fn run<E: Executor>(
     // granted come back instead of waiting out their timeout.
     let mut unanswered_claim: Option<String> = None;
     loop {
+        // A batch waits for a whole batch's places; single tasks for one.
+        let wanted = config
+            .batch
+            .as_ref()
+            .map_or(1, |batch| batch.max_size.clamp(1, slots)) as u32;
         let free = tokio::select! {
             _ = &mut shutdown => break,
-            permit = capacity.clone().acquire_owned() => match permit {
+            permit = capacity.clone().acquire_many_owned(wanted) => match permit {
                 Ok(permit) => {
                     drop(permit);
                     capacity.available_permits().max(1)
@@ -185,16 +220,28 @@ pub async fn run<E: Executor>(
                 Err(_) => break,
             },
         };
+        let max = match &config.batch {
+            Some(batch) => batch.max_size.min(free),
+            None => free,
+        };
         let claim_id = unanswered_claim
             .take()
             .unwrap_or_else(|| ulid::Ulid::new().to_string());
+        let batch = config
+            .batch
+            .as_ref()
+            .map(|batch| sluice_wire::BatchRequest {
+                max_size: max.min(batch.max_size),
+                ..batch.clone()
+            });
         let claimed = tokio::select! {
             _ = &mut shutdown => break,
-            claimed = client.claim(
+            claimed = client.claim_batch(
                 &config.id,
-                free.min(sluice_wire::MAX_CLAIM),
+                max.min(sluice_wire::MAX_CLAIM),
                 config.claim_wait_ms,
                 Some(claim_id.as_str()),
+                batch.as_ref(),
             ) => claimed,
         };
         let answer = match claimed {
@@ -224,16 +271,30 @@ pub async fn run<E: Executor>(
             tokio::time::sleep(pause).await;
             continue;
         }
+        let attempt = lease::Attempt {
+            client: client.clone(),
+            executor: executor.clone(),
+            stats: stats.clone(),
+        };
+        if config.batch.is_some() && !answer.leases.is_empty() {
+            let count = answer.leases.len();
+            stats.claimed.fetch_add(count as u64, Ordering::Relaxed);
+            stats.batches.fetch_add(1, Ordering::Relaxed);
+            let Ok(permits) = capacity.clone().acquire_many_owned(count as u32).await else {
+                break;
+            };
+            tokio::spawn(async move {
+                attempt.run_batch(answer.leases).await;
+                drop(permits);
+            });
+            continue;
+        }
         for grant in answer.leases {
             stats.claimed.fetch_add(1, Ordering::Relaxed);
             let Ok(permit) = capacity.clone().acquire_owned().await else {
                 break;
             };
-            let attempt = lease::Attempt {
-                client: client.clone(),
-                executor: executor.clone(),
-                stats: stats.clone(),
-            };
+            let attempt = attempt.clone();
             tokio::spawn(async move {
                 attempt.run(grant).await;
                 drop(permit);

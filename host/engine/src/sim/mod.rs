@@ -187,10 +187,21 @@ impl<S: SimStore> Driver<S> {
     }
 
     pub fn claim(&mut self, worker: &str, max: usize) -> Result<Claimed, StepError> {
+        self.claim_batch(worker, max, None)
+    }
+
+    /// A claim for one GPU batch (`batch`), or for any tasks (none).
+    pub fn claim_batch(
+        &mut self,
+        worker: &str,
+        max: usize,
+        batch: Option<crate::BatchClaim>,
+    ) -> Result<Claimed, StepError> {
         match self.step(Input::Claim {
             worker: worker.to_owned(),
             max,
             claim_id: None,
+            batch,
         }) {
             Reply::Claimed(result) => result,
             other => Err(unexpected(other)),
@@ -253,6 +264,8 @@ fn unexpected(reply: Reply) -> StepError {
     ))
 }
 
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod callback_room_tests;
 #[cfg(test)]

@@ -4,7 +4,8 @@
 
 use super::{CallbackJob, Claimed, StepError, Stepper};
 use crate::{
-    CallbackOutcome, Due, Report, RetryDecision, Verdict, WorkerView, failure_view, judge_report,
+    BatchClaim, CallbackOutcome, Due, Picks, Report, RetryDecision, Verdict, WorkerView,
+    failure_view, judge_report,
 };
 use rand::Rng;
 use sluice_model::{Actor, FailureClass, NamesRef, PolicyKind, State, Task, TaskId, VariantTag};
@@ -20,31 +21,54 @@ impl Stepper<'_> {
         worker: &str,
         max: usize,
         claim_id: Option<&str>,
+        batch: Option<&BatchClaim>,
     ) -> Result<Claimed, StepError> {
         if let Some(claim_id) = claim_id {
             let granted = self.granted_by(worker, claim_id)?;
             if !granted.is_empty() {
                 return Ok(Claimed {
                     leases: granted,
-                    refused: None,
+                    ..Claimed::default()
                 });
             }
         }
         let now_ms = self.now_ms;
-        let (picked, event) = self.engine.pick(now_ms, worker, max);
+        let (picked, event) = self.engine.pick(now_ms, worker, max, batch);
         self.change.worker_events.extend(event);
         let picks = match picked {
-            Ok(picks) => picks,
+            Ok(Picks {
+                hold_until_ms: Some(until_ms),
+                ..
+            }) => {
+                return Ok(Claimed {
+                    hold_ms: Some(until_ms.saturating_sub(now_ms).max(1)),
+                    ..Claimed::default()
+                });
+            }
+            Ok(Picks { picks, .. }) => picks,
             Err(refused) => {
                 return Ok(Claimed {
-                    leases: Vec::new(),
                     refused: Some(refused),
+                    ..Claimed::default()
                 });
             }
         };
+        let tasks = picks
+            .iter()
+            .map(|pick| self.task(pick.task))
+            .collect::<Result<Vec<Task>, StepError>>()?;
+        // A GPU batch of n runs no longer than its n tasks one after another: each task of it
+        // may take n times the batch's longest attempt timeout.
+        let batch_timeout_ms = batch.filter(|_| tasks.len() > 1).map(|_| {
+            let longest = tasks
+                .iter()
+                .map(|t| t.attempt_timeout_ms)
+                .max()
+                .unwrap_or(1);
+            longest.saturating_mul(tasks.len() as u64)
+        });
         let mut leases = Vec::with_capacity(picks.len());
-        for pick in picks {
-            let task = self.task(pick.task)?;
+        for (pick, task) in picks.into_iter().zip(tasks) {
             let _claim = tracing::debug_span!(
                 target: sluice_model::TASK_SPANS,
                 "claim",
@@ -55,10 +79,14 @@ impl Stepper<'_> {
             )
             .entered();
             let random: u128 = self.random.random();
-            match self
-                .engine
-                .plan_claim(now_ms, random, &task, worker, pick.gpu, claim_id)
-            {
+            let attempt_timeout_ms = batch_timeout_ms.unwrap_or(task.attempt_timeout_ms);
+            match self.engine.plan_claim_within(
+                now_ms,
+                random,
+                &task,
+                (worker, pick.gpu, claim_id),
+                attempt_timeout_ms,
+            ) {
                 Ok(change) => leases.push(self.plan(change)),
                 Err(illegal) => {
                     tracing::error!(task_id = %task.id, %illegal, "a queued task could not be claimed")
@@ -67,7 +95,7 @@ impl Stepper<'_> {
         }
         Ok(Claimed {
             leases,
-            refused: None,
+            ..Claimed::default()
         })
     }
 

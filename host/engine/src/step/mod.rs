@@ -47,6 +47,8 @@ pub enum Input {
         /// The worker's name for this claim: sent again, it is answered with the leases it
         /// granted while they are still unstarted, rather than with new ones.
         claim_id: Option<String>,
+        /// A claim for one GPU batch rather than any tasks.
+        batch: Option<crate::BatchClaim>,
     },
     /// A worker's reports on attempts it holds, each judged by its lease token on its own.
     Reports(Vec<(TaskId, String, Report)>),
@@ -181,6 +183,9 @@ pub struct Submitted {
 pub struct Claimed {
     pub leases: Vec<Task>,
     pub refused: Option<NoClaim>,
+    /// A batch still filling: no leases, and the claim is worth sending again after this
+    /// many ms, or when work arrives.
+    pub hold_ms: Option<u64>,
 }
 
 /// The answer to one input, of the input's own kind. Built once per step and moved straight
@@ -283,7 +288,8 @@ impl Stepper<'_> {
                 worker,
                 max,
                 claim_id,
-            } => Reply::Claimed(self.claim(&worker, max, claim_id.as_deref())),
+                batch,
+            } => Reply::Claimed(self.claim(&worker, max, claim_id.as_deref(), batch.as_ref())),
             Input::Reports(reports) => Reply::Reports(
                 reports
                     .into_iter()

@@ -13,9 +13,9 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State as Shared};
 use axum::http::HeaderMap;
 use serde::{Deserialize, Serialize};
-use sluice_engine::{NoClaim, WorkerView};
+use sluice_engine::{BatchClaim, MAX_BATCH_MODELS, MAX_BATCH_WAIT_MS, NoClaim, WorkerView};
 use sluice_model::{Heartbeat, WorkerEvent};
-pub use sluice_wire::{ClaimRefusal, ClaimResponse, LeaseGrant, MAX_CLAIM};
+pub use sluice_wire::{BatchRequest, ClaimRefusal, ClaimResponse, LeaseGrant, MAX_CLAIM};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -67,8 +67,9 @@ pub async fn heartbeat(
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
-    #[serde(default = "one")]
-    max: usize,
+    /// The most tasks to lease (1 to 64); by default 1, or the batch's `max_size`.
+    #[serde(default)]
+    max: Option<usize>,
     #[serde(default)]
     wait_ms: u64,
     /// The worker's name for this claim (1 to 64 of `A-Z a-z 0-9 . _ : -`). A worker that
@@ -77,6 +78,54 @@ pub struct ClaimRequest {
     /// started, instead of leaving them to time out.
     #[serde(default)]
     claim_id: Option<String>,
+    /// Claim one GPU batch: tasks of one kind, model and batch key, on one GPU. A batch short
+    /// of its size waits (within `wait_ms`) for more, up to its `max_wait_ms`.
+    #[serde(default)]
+    batch: Option<BatchRequest>,
+}
+
+impl ClaimRequest {
+    /// The most tasks to lease, and the batch asked for, checked.
+    fn checked(&self) -> Result<(usize, Option<BatchClaim>), ApiError> {
+        let batch_max = self.batch.as_ref().map(|b| b.max_size);
+        let max = self.max.or(batch_max).unwrap_or(1);
+        if !(1..=MAX_CLAIM).contains(&max) {
+            return Err(ApiError::InvalidRequest(format!(
+                "max must be 1 to {MAX_CLAIM}"
+            )));
+        }
+        let Some(batch) = &self.batch else {
+            return Ok((max, None));
+        };
+        if !(1..=max).contains(&batch.max_size) {
+            return Err(ApiError::InvalidRequest(format!(
+                "batch.max_size must be 1 to the claim's max ({max})"
+            )));
+        }
+        if batch.max_wait_ms > MAX_BATCH_WAIT_MS {
+            return Err(ApiError::InvalidRequest(format!(
+                "batch.max_wait_ms must be at most {MAX_BATCH_WAIT_MS}"
+            )));
+        }
+        if batch.models.len() > MAX_BATCH_MODELS {
+            return Err(ApiError::InvalidRequest(format!(
+                "batch.models may name at most {MAX_BATCH_MODELS} models"
+            )));
+        }
+        for model in &batch.models {
+            sluice_model::check_name("batch.models", model)
+                .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+        }
+        Ok((
+            max,
+            Some(BatchClaim {
+                max_size: batch.max_size,
+                max_wait_ms: batch.max_wait_ms,
+                models: batch.models.clone(),
+                may_hold: true,
+            }),
+        ))
+    }
 }
 
 /// The longest `claim_id`.
@@ -87,10 +136,6 @@ fn valid_claim_id(claim_id: &str) -> bool {
         && claim_id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-}
-
-fn one() -> usize {
-    1
 }
 
 fn refusal(reason: &NoClaim) -> ClaimResponse {
@@ -124,11 +169,7 @@ pub async fn claim(
     } = state
         .read_json::<ClaimRequest>(&headers, body, SMALL_BODY_BYTES)
         .await?;
-    if !(1..=MAX_CLAIM).contains(&request.max) {
-        return Err(ApiError::InvalidRequest(format!(
-            "max must be 1 to {MAX_CLAIM}"
-        )));
-    }
+    let (max, mut batch) = request.checked()?;
     if request
         .claim_id
         .as_deref()
@@ -149,6 +190,8 @@ pub async fn claim(
     let work_queued = state.scheduler.work_queued();
     // When the work this claim may take appeared: its arrival, then each signal that woke it.
     let mut work_since = arrived;
+    // When a batch short of its size was first held back to fill.
+    let mut held_since: Option<Instant> = None;
     loop {
         if state.is_draining() {
             return Ok(Json(refusal(&NoClaim::Draining)));
@@ -159,19 +202,27 @@ pub async fn claim(
         let notified = work_queued.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        if let Some(batch) = &mut batch {
+            // A claim whose wait has run out takes the batch as it is.
+            batch.may_hold = Instant::now() < deadline;
+        }
         let claimed = state
             .scheduler
-            .claim(worker.clone(), request.max, request.claim_id.clone())
+            .claim(worker.clone(), max, request.claim_id.clone(), batch.clone())
             .await?;
         if let Some(reason) = &claimed.claimed.refused {
             return Ok(Json(refusal(reason)));
         }
         if !claimed.claimed.leases.is_empty() {
+            let metrics = &state.metrics.pipeline;
+            metrics.observe_claim_grant(work_since.elapsed().as_secs_f64());
+            metrics.observe_claim_tasks(claimed.claimed.leases.len());
+            if batch.is_some() {
+                let model = claimed.claimed.leases[0].resources.model.as_deref();
+                let fill_wait_s = held_since.map_or(0.0, |since| since.elapsed().as_secs_f64());
+                metrics.observe_batch(model, claimed.claimed.leases.len(), fill_wait_s);
+            }
             let leases = grants(&state, claimed)?;
-            state
-                .metrics
-                .pipeline
-                .observe_claim_grant(work_since.elapsed().as_secs_f64());
             return Ok(Json(ClaimResponse {
                 leases,
                 reason: None,
@@ -179,6 +230,10 @@ pub async fn claim(
             }));
         }
         let now = Instant::now();
+        if now >= deadline && claimed.claimed.hold_ms.is_some() {
+            // The wait ran out while a batch filled: once more, taking it as it is.
+            continue;
+        }
         if now >= deadline {
             return Ok(Json(ClaimResponse {
                 leases: Vec::new(),
@@ -186,7 +241,15 @@ pub async fn claim(
                 waited_for_work_us: 0,
             }));
         }
-        let signalled = tokio::time::timeout_at(deadline.min(now + CLAIM_RECHECK), notified)
+        // A batch filling is looked at again when its wait ends; other claims each second.
+        let recheck = match claimed.claimed.hold_ms {
+            Some(hold_ms) => {
+                held_since.get_or_insert(now);
+                Duration::from_millis(hold_ms).min(CLAIM_RECHECK)
+            }
+            None => CLAIM_RECHECK,
+        };
+        let signalled = tokio::time::timeout_at(deadline.min(now + recheck), notified)
             .await
             .is_ok();
         let woken = Instant::now();

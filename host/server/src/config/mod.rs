@@ -82,6 +82,36 @@ fn callback_rules(rules: &Vec<String>) -> Result<(), String> {
     sluice_model::CallbackAllow::parse(rules).map(|_| ())
 }
 
+/// Each bucket's `batch_wait_ms` from `urgent=0,normal=10000,low=10000`; a bucket not named
+/// keeps the engine's default.
+pub fn bucket_batch_waits(items: &[String]) -> Result<[u64; 3], String> {
+    let mut waits = sluice_engine::DEFAULT_BATCH_WAIT_MS;
+    let max = sluice_engine::MAX_BATCH_WAIT_MS;
+    for item in items {
+        let (bucket, ms) = item
+            .split_once('=')
+            .ok_or_else(|| format!("`{item}` is not bucket=ms (e.g. urgent=0)"))?;
+        let bucket = sluice_model::Priority::ALL
+            .into_iter()
+            .find(|p| p.as_str() == bucket.trim())
+            .ok_or_else(|| format!("`{bucket}` is not a bucket: urgent, normal or low"))?;
+        let ms: u64 = ms
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{ms}` in `{item}` is not a whole number of ms"))?;
+        if ms > max {
+            return Err(format!("`{item}`: at most {max} ms"));
+        }
+        waits[bucket.index()] = ms;
+    }
+    Ok(waits)
+}
+
+#[allow(clippy::ptr_arg)]
+fn batch_waits(items: &Vec<String>) -> Result<(), String> {
+    bucket_batch_waits(items).map(|_| ())
+}
+
 #[allow(clippy::ptr_arg)]
 fn kinds(kinds: &Vec<String>) -> Result<(), String> {
     if kinds.len() > 64 {
@@ -182,6 +212,10 @@ settings! {
     preempt_after_ms: u64 = 5_000, within(100..=DAY_MS, "100 ms to 24 h");
     /// How long a task waits for a worker with its model loaded
     affinity_wait_ms: u64 = 10_000, within(0..=DAY_MS, "0 ms to 24 h");
+    /// The longest a task waits in each bucket for a GPU batch to fill
+    /// (a batch claim's own max_wait_ms may be shorter; urgent=0 never holds urgent work back)
+    batch_wait_ms: Vec<String> = vec!["urgent=0".to_owned(), "normal=10000".to_owned(), "low=10000".to_owned()],
+        batch_waits;
     /// Task kinds split on admission and merged, comma-separated
     split_kinds: Vec<String> = vec!["vector.search".to_owned()], kinds;
     /// The bootstrap admin token's hex SHA-256

@@ -118,7 +118,7 @@ async fn answer_shard(scheduler: &Scheduler, shard: u32, hits: serde_json::Value
         .heartbeat(worker.clone(), heartbeat)
         .await
         .unwrap();
-    let claimed = scheduler.claim(worker, 4, None).await.unwrap();
+    let claimed = scheduler.claim(worker, 4, None, None).await.unwrap();
     assert_eq!(claimed.claimed.leases.len(), 1, "{claimed:?}");
     let child = &claimed.claimed.leases[0];
     let token = child.lease.as_ref().unwrap().token.clone();

@@ -302,13 +302,15 @@ impl Scheduler {
         answer.await.map_err(|_| SchedulerError::ShuttingDown)?
     }
 
-    /// Leases up to `max` tasks to `worker` at once, or says why it gets none; `claim_id`
-    /// names the claim so that sending it again returns what it granted.
+    /// Leases up to `max` tasks to `worker` at once (with `batch`, one GPU batch), or says why
+    /// it gets none, or that a batch is still filling; `claim_id` names the claim so that
+    /// sending it again returns what it granted.
     pub async fn claim(
         &self,
         worker: String,
         max: usize,
         claim_id: Option<String>,
+        batch: Option<sluice_engine::BatchClaim>,
     ) -> Result<ClaimAnswer, SchedulerError> {
         let (reply, answer) = oneshot::channel();
         self.step(
@@ -316,6 +318,7 @@ impl Scheduler {
                 worker,
                 max,
                 claim_id,
+                batch,
             },
             Answer::Claimed(reply),
         )?;

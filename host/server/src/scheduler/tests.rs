@@ -226,7 +226,7 @@ async fn a_claim_is_answered_once_written_and_a_report_once_synced() {
     worker_and_tasks(&scheduler, "w", 1).await;
 
     store.hold_syncs(true);
-    let claim = scheduler.claim("w".into(), 1, None);
+    let claim = scheduler.claim("w".into(), 1, None, None);
     let claimed = tokio::time::timeout(std::time::Duration::from_secs(10), claim)
         .await
         .expect("the claim waited for a sync")
@@ -284,7 +284,7 @@ async fn the_snapshot_shows_a_claim_by_the_time_it_is_answered() {
     let second = submit(2);
     until_in_state(&scheduler, State::Queued, 3).await;
 
-    let claim = scheduler.claim("w".into(), 1, None);
+    let claim = scheduler.claim("w".into(), 1, None, None);
     let claimed = tokio::time::timeout(std::time::Duration::from_secs(10), claim)
         .await
         .expect("the claim waited for a sync")
@@ -371,7 +371,7 @@ async fn a_claim_brings_the_payloads_the_writer_holds_and_the_store_gives_the_re
     let store = Arc::new(FlakyStore::new(dir.path()));
     let scheduler = start(store.clone());
     worker_and_tasks(&scheduler, "w", 3).await;
-    let mut answer = scheduler.claim("w".into(), 2, None).await.unwrap();
+    let mut answer = scheduler.claim("w".into(), 2, None, None).await.unwrap();
     let held: Vec<Option<&[u8]>> = answer.payloads.iter().map(Option::as_deref).collect();
     assert_eq!(held, [Some(&b"0"[..]), Some(&b"1"[..])]);
     let payloads = scheduler.lease_payloads(&mut answer).unwrap();
@@ -382,7 +382,7 @@ async fn a_claim_brings_the_payloads_the_writer_holds_and_the_store_gives_the_re
     // A writer started afresh holds no payloads: the third task's comes from the store.
     let scheduler = start(store.clone());
     worker_and_tasks(&scheduler, "w", 0).await;
-    let mut answer = scheduler.claim("w".into(), 2, None).await.unwrap();
+    let mut answer = scheduler.claim("w".into(), 2, None, None).await.unwrap();
     assert_eq!(answer.payloads, [None]);
     let payloads = scheduler.lease_payloads(&mut answer).unwrap();
     assert_eq!(payloads, [Some(b"2".to_vec())]);
@@ -450,7 +450,7 @@ async fn a_key_that_lands_while_its_read_ahead_is_out_is_still_found() {
     let second = submit("k");
     let claim = tokio::spawn({
         let scheduler = scheduler.clone();
-        async move { scheduler.claim("w".into(), 1, None).await }
+        async move { scheduler.claim("w".into(), 1, None, None).await }
     });
     until("both wait in the inbox", || {
         scheduler.commands.capacity() + 2 <= capacity
@@ -491,7 +491,7 @@ async fn with_sync_claims_a_claim_waits_for_its_sync() {
     store.hold_syncs(true);
     let claim = tokio::spawn({
         let scheduler = scheduler.clone();
-        async move { scheduler.claim("w".into(), 1, None).await }
+        async move { scheduler.claim("w".into(), 1, None, None).await }
     });
     until_in_state(&scheduler, State::Claimed, 1).await;
     tokio::task::yield_now().await;

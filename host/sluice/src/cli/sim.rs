@@ -7,7 +7,7 @@ use anyhow::Context;
 use sluice::replay::merges::{self, MergeVariant};
 use sluice::replay::report::{SimReport, VariantReport};
 use sluice::replay::{
-    self, PolicyChoice, ReplayOptions, ServiceModel, Trace, Variant, WorkerSpec, svg,
+    self, PolicyChoice, ReplayOptions, ServiceModel, SimBatch, Trace, Variant, WorkerSpec, svg,
 };
 use sluice::trace::TraceReader;
 use std::path::PathBuf;
@@ -64,6 +64,19 @@ pub struct SimArgs {
     /// that must load it (the server's `affinity_wait_ms`).
     #[arg(long, default_value_t = sluice_engine::EngineOptions::default().affinity_wait_ms)]
     affinity_wait_ms: u64,
+    /// Workers claim GPU batches of up to SIZE tasks of one kind and model, waiting up to
+    /// WAIT_MS for a batch to fill (the server's batch_wait_ms caps it per bucket); each GPU
+    /// runs one batch at a time [default: one task per GPU]
+    #[arg(long, value_name = "SIZE[:WAIT_MS]")]
+    batch: Option<String>,
+    /// The same, for variant B (which keeps A's policies unless --compare names others);
+    /// `1` compares against single tasks
+    #[arg(long, value_name = "SIZE[:WAIT_MS]")]
+    compare_batch: Option<String>,
+    /// What each task past the first adds to a batch's time, as a share of its longest
+    /// task's service time: a batch of n takes service × (1 + alpha × (n − 1))
+    #[arg(long, default_value_t = 0.1)]
+    batch_alpha: f64,
     /// Refuse a trace of more tasks (a million take about 60 MB per run).
     #[arg(long, default_value_t = 5_000_000)]
     max_tasks: usize,
@@ -145,7 +158,28 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let parse = |texts: &[String]| -> anyhow::Result<Vec<PolicyChoice>> {
         texts.iter().map(|t| Ok(t.parse()?)).collect()
     };
-    let variants = Variant::pair(parse(&args.policies)?, parse(&args.compares)?)?;
+    let parse_batch = |text: &Option<String>| -> anyhow::Result<Option<SimBatch>> {
+        text.as_deref()
+            .map(|text| SimBatch::parse(text, args.batch_alpha))
+            .transpose()
+            .map_err(anyhow::Error::msg)
+    };
+    let batch_a = parse_batch(&args.batch)?;
+    let batch_b = parse_batch(&args.compare_batch)?;
+    let mut variants = Variant::pair(parse(&args.policies)?, parse(&args.compares)?)?;
+    if args.compare_batch.is_some() && variants.len() == 1 {
+        let mut second = variants[0].clone();
+        second.name = "B".into();
+        variants.push(second);
+    }
+    // Each variant's batches: A's, and B's when --compare-batch names them.
+    let batches: Vec<Option<SimBatch>> = (0..variants.len())
+        .map(|n| match n {
+            0 => batch_a,
+            _ if args.compare_batch.is_some() => batch_b,
+            _ => batch_a,
+        })
+        .collect();
     let file = std::fs::File::open(&args.trace)
         .with_context(|| format!("cannot open {}", args.trace.display()))?;
     let started = Instant::now();
@@ -172,12 +206,19 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let outcomes: Vec<anyhow::Result<VariantReport>> = std::thread::scope(|scope| {
         let runs: Vec<_> = variants
             .iter()
-            .map(|variant| {
-                let (trace, options) = (&trace, &options);
+            .zip(&batches)
+            .map(|(variant, &batch)| {
+                let trace = &trace;
+                let options = ReplayOptions {
+                    batch,
+                    ..options.clone()
+                };
                 scope.spawn(move || -> anyhow::Result<VariantReport> {
-                    let outcome = replay::run(trace, variant, options)
+                    let outcome = replay::run(trace, variant, &options)
                         .with_context(|| format!("variant {}", variant.name))?;
-                    Ok(VariantReport::new(variant, trace, outcome))
+                    let mut report = VariantReport::new(variant, trace, outcome);
+                    report.batch = batch.map(|batch| batch.to_string());
+                    Ok(report)
                 })
             })
             .collect();

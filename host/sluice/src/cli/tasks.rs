@@ -85,6 +85,10 @@ pub struct SubmitArgs {
     /// The model the task runs: workers that have it loaded are preferred
     #[arg(long)]
     model: Option<String>,
+    /// What it must share with the others of a GPU batch beside its kind and model
+    /// (an input shape, say)
+    #[arg(long)]
+    batch_key: Option<String>,
     /// Tasks with the same key run at most as many at once as the key's limit
     #[arg(long)]
     concurrency_key: Option<String>,
@@ -169,6 +173,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<()> {
         resources: Resources {
             gpu_memory_mb: args.gpu_memory_mb,
             model: args.model,
+            batch_key: args.batch_key,
         },
         concurrency_key: args.concurrency_key,
         preemptible: !args.not_preemptible,

@@ -4,6 +4,7 @@
 
 use anyhow::Context;
 use sluice::vector::{ShardIndex, ShardPart, VectorExecutor, read_vectors};
+use sluice_client::BatchRequest;
 use sluice_client::worker::synthetic::Synthetic;
 use sluice_client::worker::{WorkerConfig, run};
 use sluice_engine::{COLLECTION_LABEL, SHARD_LABEL};
@@ -49,6 +50,21 @@ pub struct WorkerArgs {
     /// The share of attempts that fail, 0 to 1
     #[arg(long, default_value_t = 0.0)]
     fail_rate: f64,
+    /// Claim GPU batches of up to this many tasks of one kind, model and batch key, each run
+    /// as one call on one GPU (max-concurrency then defaults to gpus × this)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), conflicts_with = "vectors")]
+    batch_size: Option<u32>,
+    /// With --batch-size: how long a batch short of its size may wait for more tasks, counted
+    /// from its oldest task's arrival (the server's batch_wait_ms caps it per bucket)
+    #[arg(long, default_value_t = 20, requires = "batch_size")]
+    batch_wait_ms: u64,
+    /// With --batch-size: only tasks of these models, comma-separated [default: any]
+    #[arg(long, value_delimiter = ',', requires = "batch_size")]
+    batch_models: Vec<String>,
+    /// With --batch-size: what each task past the first adds to a synthetic batch's time, as a
+    /// share of one task's (a batch of n takes exec-ms × (1 + alpha × (n − 1)))
+    #[arg(long, default_value_t = 0.1, requires = "batch_size")]
+    batch_alpha: f64,
     /// The class of the synthetic failures
     #[arg(long, value_parser = parse_class, default_value = "transient")]
     fail_class: FailureClass,
@@ -128,6 +144,25 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     if !(0.0..=1.0).contains(&args.fail_rate) {
         anyhow::bail!("--fail-rate must be 0 to 1");
     }
+    if !(0.0..=10.0).contains(&args.batch_alpha) {
+        anyhow::bail!("--batch-alpha must be 0 to 10");
+    }
+    if args.batch_wait_ms > sluice_engine::MAX_BATCH_WAIT_MS {
+        anyhow::bail!(
+            "--batch-wait-ms must be at most {}",
+            sluice_engine::MAX_BATCH_WAIT_MS
+        );
+    }
+    if args.batch_models.len() > sluice_engine::MAX_BATCH_MODELS {
+        anyhow::bail!(
+            "--batch-models may name at most {} models",
+            sluice_engine::MAX_BATCH_MODELS
+        );
+    }
+    for model in &args.batch_models {
+        sluice_model::check_name("batch model", model).context("--batch-models")?;
+    }
+    let batch_places = args.batch_size.unwrap_or(1);
     sluice_model::check_worker_id(&args.id).context("--id")?;
     let mut heartbeat = Heartbeat {
         gpus: (0..args.gpus)
@@ -139,7 +174,9 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             .collect(),
         labels: args.labels.clone(),
         kinds: args.kinds.clone(),
-        max_concurrency: args.max_concurrency.unwrap_or(args.gpus.max(1) as u32),
+        max_concurrency: args
+            .max_concurrency
+            .unwrap_or((args.gpus.max(1) as u32).saturating_mul(batch_places)),
         queue_depth: 0,
         loaded_models: args.loaded_models.clone(),
         vectors: None,
@@ -177,7 +214,12 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
         None => {
             heartbeat.validate().context("worker settings")?;
-            let config = WorkerConfig::new(args.id.clone(), heartbeat);
+            let mut config = WorkerConfig::new(args.id.clone(), heartbeat);
+            config.batch = args.batch_size.map(|size| BatchRequest {
+                max_size: size as usize,
+                max_wait_ms: args.batch_wait_ms,
+                models: args.batch_models.clone(),
+            });
             let mut executor = Synthetic::new(
                 args.id.clone(),
                 args.exec_ms.unwrap_or(50),
@@ -188,9 +230,20 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             if args.learn_models {
                 executor.learns_models = Some(config.loaded_models.clone());
             }
+            executor.batch_alpha = args.batch_alpha;
             let executor = Arc::new(executor);
             tracing::info!(worker = %args.id, server = %args.server.server, "worker started");
-            run(client, config, executor, shutdown).await?
+            let stats = run(client, config, executor.clone(), shutdown).await?;
+            let busy_s = executor.gpu_busy().as_secs_f64();
+            let completed = stats.completed.load(std::sync::atomic::Ordering::Relaxed);
+            if busy_s > 0.0 {
+                outln!(
+                    "worker {}: GPU busy {busy_s:.3} s, {:.1} tasks per GPU-second",
+                    args.id,
+                    completed as f64 / busy_s
+                )?;
+            }
+            stats
         }
     };
     outln!("worker {}: {}", args.id, stats.line())?;

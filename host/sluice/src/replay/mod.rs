@@ -159,6 +159,77 @@ pub struct ReplayOptions {
     /// Queue depth is sampled this often, the interval doubling to keep at most
     /// `MAX_DEPTH_SAMPLES` samples.
     pub depth_interval_ms: u64,
+    /// GPU batches: each GPU runs one batch at a time, claimed as a batch claim does.
+    pub batch: Option<SimBatch>,
+}
+
+/// How simulated workers claim and run GPU batches: `SIZE[:WAIT_MS]` on the command line.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SimBatch {
+    /// The most tasks of one batch (a claim's `batch.max_size`).
+    pub max_size: usize,
+    /// How long a batch short of its size waits for more (a claim's `batch.max_wait_ms`).
+    pub max_wait_ms: u64,
+    /// What each task past the first adds to a batch's time, as a share of the longest task's
+    /// service time: a batch of n takes `service × (1 + alpha × (n − 1))`.
+    pub alpha: f64,
+}
+
+impl SimBatch {
+    /// How long a batch whose longest task takes `service_ms` alone runs with `tasks` tasks.
+    pub fn batch_ms(&self, service_ms: u64, tasks: usize) -> u64 {
+        let extra = self.alpha.max(0.0) * tasks.saturating_sub(1) as f64;
+        (service_ms as f64 * (1.0 + extra)).round() as u64
+    }
+
+    /// `SIZE[:WAIT_MS]`, with `alpha`.
+    pub fn parse(text: &str, alpha: f64) -> Result<SimBatch, String> {
+        let (size, wait) = match text.split_once(':') {
+            Some((size, wait)) => (size, Some(wait)),
+            None => (text, None),
+        };
+        let max_size: usize = size
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{text}`: a batch is SIZE[:WAIT_MS], e.g. 8:20"))?;
+        let max_wait_ms: u64 = match wait {
+            Some(wait) => wait
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{text}`: WAIT_MS is a whole number of ms"))?,
+            None => 0,
+        };
+        if !(1..=sluice_wire::MAX_CLAIM).contains(&max_size) {
+            return Err(format!(
+                "`{text}`: a batch holds 1 to {} tasks",
+                sluice_wire::MAX_CLAIM
+            ));
+        }
+        if max_wait_ms > sluice_engine::MAX_BATCH_WAIT_MS {
+            return Err(format!(
+                "`{text}`: WAIT_MS is at most {}",
+                sluice_engine::MAX_BATCH_WAIT_MS
+            ));
+        }
+        if !(0.0..=10.0).contains(&alpha) {
+            return Err("the batch alpha is 0 to 10".into());
+        }
+        Ok(SimBatch {
+            max_size,
+            max_wait_ms,
+            alpha,
+        })
+    }
+}
+
+impl std::fmt::Display for SimBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "GPU batches of up to {} within {} ms (alpha {})",
+            self.max_size, self.max_wait_ms, self.alpha
+        )
+    }
 }
 
 pub const MAX_DEPTH_SAMPLES: usize = 2_048;
@@ -185,6 +256,7 @@ impl Default for ReplayOptions {
             max_virtual_ms: 30 * 24 * 3_600_000,
             stall_ms: 600_000,
             depth_interval_ms: 1_000,
+            batch: None,
         }
     }
 }
@@ -202,11 +274,13 @@ struct Arrival {
     device: u32,
     /// The model's name code, `NO_MODEL` when it names none.
     model: u32,
+    /// The batch key's name code, `NO_MODEL` when it names none.
+    batch_key: u32,
     priority: Priority,
     failures: Box<[FailureClass]>,
 }
 
-/// An arrival's model code when it names none.
+/// An arrival's model (or batch key) code when it names none.
 const NO_MODEL: u32 = u32::MAX;
 
 /// A trace loaded for replay, shared by every variant's run.
@@ -279,6 +353,8 @@ impl Trace {
                 gpu_memory_mb: arrival.gpu_memory_mb,
                 model: (arrival.model != NO_MODEL)
                     .then(|| self.names[arrival.model as usize].clone()),
+                batch_key: (arrival.batch_key != NO_MODEL)
+                    .then(|| self.names[arrival.batch_key as usize].clone()),
             },
             concurrency_key: None,
             preemptible: true,
@@ -313,6 +389,7 @@ impl TraceBuilder {
             tenant: self.code(task.tenant),
             device: self.code(task.device),
             model: task.model.map_or(NO_MODEL, |model| self.code(model)),
+            batch_key: task.batch_key.map_or(NO_MODEL, |key| self.code(key)),
             priority: task.priority,
             failures: task.failures.into_boxed_slice(),
         };
@@ -340,7 +417,8 @@ pub struct RunOutcome {
     pub tally: Tally,
     /// From the first submission to the last task's end (or the stop), ms.
     pub makespan_ms: u64,
-    /// Slot-ms spent running attempts, and slot-ms the fleet had over the makespan.
+    /// Slot-ms spent running attempts (a GPU batch counts once), and slot-ms the fleet had
+    /// over the makespan.
     pub busy_slot_ms: u64,
     pub slot_ms: u64,
     /// Tasks never claimed when the run ended: no worker fitted them, or time ran out.
@@ -369,6 +447,9 @@ struct Attempt {
     attempt: u32,
     started_ms: u64,
     ends_ms: u64,
+    /// Whether it holds its worker's slot: every attempt does, but of a GPU batch only the
+    /// first (the others ride along, ending with it).
+    holds_slot: bool,
 }
 
 /// Replays `trace` with `variant`'s policies, loaded into a registry held in memory.
@@ -437,6 +518,8 @@ struct Replay<'a> {
     depth_interval_ms: u64,
     depth: [Vec<u32>; 3],
     drained: bool,
+    /// When a batch held to fill is worth claiming again.
+    batch_wake_ms: Option<u64>,
 }
 
 impl<'a> Replay<'a> {
@@ -457,7 +540,10 @@ impl<'a> Replay<'a> {
                             .collect(),
                         labels: BTreeMap::new(),
                         kinds: Vec::new(),
-                        max_concurrency: group.gpus,
+                        // A GPU takes a whole batch's tasks at once.
+                        max_concurrency: group
+                            .gpus
+                            .saturating_mul(options.batch.map_or(1, |b| b.max_size as u32)),
                         queue_depth: 0,
                         loaded_models: Vec::new(),
                         vectors: None,
@@ -496,6 +582,7 @@ impl<'a> Replay<'a> {
             depth_interval_ms: options.depth_interval_ms.max(1),
             depth: Default::default(),
             drained: false,
+            batch_wake_ms: None,
         };
         for worker in 0..replay.workers.len() {
             replay.schedule_crash(worker, now_ms);
@@ -542,6 +629,7 @@ impl<'a> Replay<'a> {
             };
             consider(self.due.peek().map(|Reverse((at, _))| *at));
             consider(self.worker_timers.first().map(|(at, _)| *at));
+            consider(self.batch_wake_ms);
             if live > 0 {
                 consider(Some(self.next_tick_ms));
             }
@@ -630,7 +718,9 @@ impl<'a> Replay<'a> {
             .map(|(&n, _)| n)
             .collect();
         for n in abandoned {
-            if let Some(attempt) = self.attempts.remove(&n) {
+            if let Some(attempt) = self.attempts.remove(&n)
+                && attempt.holds_slot
+            {
                 self.busy_slot_ms += now_ms.saturating_sub(attempt.started_ms);
             }
         }
@@ -684,10 +774,7 @@ impl<'a> Replay<'a> {
             let Some(attempt) = self.attempts.remove(&n) else {
                 continue;
             };
-            self.busy_slot_ms += attempt.ends_ms - attempt.started_ms;
-            let worker = &mut self.workers[attempt.worker];
-            worker.busy = worker.busy.saturating_sub(1);
-            self.free.insert(attempt.worker);
+            self.slot_freed(&attempt, attempt.ends_ms);
             let arrival = &self.trace.arrivals[attempt.arrival as usize];
             let scripted = (attempt.attempt as usize)
                 .checked_sub(1)
@@ -734,11 +821,20 @@ impl<'a> Replay<'a> {
     /// A preempted attempt stops at once: its worker's place is free, and it says `stopped`.
     fn stop(&mut self, now_ms: u64, n: u64) -> Option<(TaskId, String, Report)> {
         let attempt = self.attempts.remove(&n)?;
-        self.busy_slot_ms += now_ms.saturating_sub(attempt.started_ms);
+        self.slot_freed(&attempt, now_ms);
+        Some((attempt.task, attempt.token, Report::Stopped))
+    }
+
+    /// An attempt ended at `end_ms`: if it held its worker's slot, the slot is free again.
+    fn slot_freed(&mut self, attempt: &Attempt, end_ms: u64) {
+        if !attempt.holds_slot {
+            return;
+        }
+        self.busy_slot_ms += end_ms.saturating_sub(attempt.started_ms);
         let worker = &mut self.workers[attempt.worker];
+        debug_assert!(worker.busy > 0, "a slot freed that was not taken");
         worker.busy = worker.busy.saturating_sub(1);
         self.free.insert(attempt.worker);
-        Some((attempt.task, attempt.token, Report::Stopped))
     }
 
     fn arrivals(&mut self, now_ms: u64) {
@@ -778,6 +874,9 @@ impl<'a> Replay<'a> {
     }
 
     fn claims(&mut self, now_ms: u64) {
+        if self.batch_wake_ms.is_some_and(|at| at <= now_ms) {
+            self.batch_wake_ms = None;
+        }
         if self.driver.engine().queues().is_empty() || self.free.is_empty() {
             return;
         }
@@ -789,68 +888,142 @@ impl<'a> Replay<'a> {
             .copied()
             .collect();
         self.claim_cursor = (self.claim_cursor + 1) % self.workers.len().max(1);
-        let mut loaded_changed = false;
         for worker in order {
             if self.driver.engine().queues().is_empty() {
                 break;
             }
-            let room = self.workers[worker].slots - self.workers[worker].busy;
-            let name = self.workers[worker].name.clone();
-            let Ok(claimed) = self.driver.claim(&name, room) else {
-                continue;
+            let loaded_changed = match self.options.batch {
+                Some(batch) => self.claim_batches(now_ms, worker, batch),
+                None => self.claim_tasks(now_ms, worker),
             };
-            for task in claimed.leases {
-                let Some(lease) = task.lease else { continue };
-                let Some(&arrival) = self.arrival_of.get(&task.id) else {
-                    continue;
-                };
-                let of = &self.trace.arrivals[arrival as usize];
-                let mut service_ms = of.service_ms;
-                let gpu = lease.gpu.unwrap_or(0) as usize;
-                if of.model != NO_MODEL
-                    && self.workers[worker].load(gpu, of.model, &self.trace.names, of.gpu_memory_mb)
-                {
-                    // Loading takes its time on the attempt; the engine hears of the model
-                    // at once, as a live worker's `LoadedModels` heartbeats on a change.
-                    service_ms += self.options.model_load_ms;
-                    self.model_loads += 1;
-                    loaded_changed = true;
-                }
-                let n = self.next_attempt;
-                self.next_attempt += 1;
-                let ends_ms = now_ms + service_ms;
-                let lease_beat_ms = (self.options.engine.lease_ms / 3).max(1);
-                self.due
-                    .push(Reverse(((now_ms + lease_beat_ms).min(ends_ms), n)));
-                self.attempts.insert(
-                    n,
-                    Attempt {
-                        worker,
-                        epoch: self.workers[worker].epoch,
-                        task: task.id,
-                        token: lease.token,
-                        arrival,
-                        attempt: task.attempt,
-                        started_ms: now_ms,
-                        ends_ms,
-                    },
-                );
-                self.workers[worker].busy += 1;
-                self.last_progress_ms = now_ms;
-            }
             if self.workers[worker].busy >= self.workers[worker].slots {
                 self.free.remove(&worker);
             }
-            if std::mem::take(&mut loaded_changed) {
+            if loaded_changed {
                 self.heartbeat(worker);
             }
+        }
+    }
+
+    /// One claim for as many tasks as `worker` has free slots; whether a GPU loaded a model.
+    fn claim_tasks(&mut self, now_ms: u64, worker: usize) -> bool {
+        let room = self.workers[worker].slots - self.workers[worker].busy;
+        let name = self.workers[worker].name.clone();
+        let Ok(claimed) = self.driver.claim(&name, room) else {
+            return false;
+        };
+        let mut loaded_changed = false;
+        for task in claimed.leases {
+            if let Some((service_ms, loaded)) = self.service_of(worker, &task) {
+                loaded_changed |= loaded;
+                self.start_attempts(now_ms, worker, vec![task], service_ms);
+            }
+        }
+        loaded_changed
+    }
+
+    /// A batch claim for each free GPU slot of `worker`, until one gets nothing (a batch held
+    /// to fill sets the time to ask again); whether a GPU loaded a model.
+    fn claim_batches(&mut self, now_ms: u64, worker: usize, batch: SimBatch) -> bool {
+        let name = self.workers[worker].name.clone();
+        let mut loaded_changed = false;
+        while self.workers[worker].busy < self.workers[worker].slots {
+            let claim = sluice_engine::BatchClaim {
+                max_size: batch.max_size,
+                max_wait_ms: batch.max_wait_ms,
+                models: Vec::new(),
+                may_hold: true,
+            };
+            let Ok(claimed) = self.driver.claim_batch(&name, batch.max_size, Some(claim)) else {
+                break;
+            };
+            if let Some(hold_ms) = claimed.hold_ms {
+                let at = now_ms.saturating_add(hold_ms);
+                self.batch_wake_ms = Some(self.batch_wake_ms.map_or(at, |t| t.min(at)));
+            }
+            if claimed.leases.is_empty() {
+                break;
+            }
+            let mut service_ms = 0;
+            let mut tasks = Vec::with_capacity(claimed.leases.len());
+            for task in claimed.leases {
+                if let Some((task_ms, loaded)) = self.service_of(worker, &task) {
+                    loaded_changed |= loaded;
+                    service_ms = service_ms.max(task_ms);
+                    tasks.push(task);
+                }
+            }
+            let batch_ms = batch.batch_ms(service_ms, tasks.len());
+            self.start_attempts(now_ms, worker, tasks, batch_ms);
+        }
+        loaded_changed
+    }
+
+    /// How long `task`'s attempt on `worker` takes alone (its load included), and whether its
+    /// GPU loaded its model for it; none for a task the trace does not know.
+    fn service_of(&mut self, worker: usize, task: &sluice_model::Task) -> Option<(u64, bool)> {
+        let lease = task.lease.as_ref()?;
+        let arrival = *self.arrival_of.get(&task.id)?;
+        let of = &self.trace.arrivals[arrival as usize];
+        let mut service_ms = of.service_ms;
+        let gpu = lease.gpu.unwrap_or(0) as usize;
+        let loaded = of.model != NO_MODEL
+            && self.workers[worker].load(gpu, of.model, &self.trace.names, of.gpu_memory_mb);
+        if loaded {
+            // Loading takes its time on the attempt; the engine hears of the model at once,
+            // as a live worker's `LoadedModels` heartbeats on a change.
+            service_ms += self.options.model_load_ms;
+            self.model_loads += 1;
+        }
+        Some((service_ms, loaded))
+    }
+
+    /// Starts `tasks`' attempts on `worker`, all ending after `service_ms`: one slot for them
+    /// all (a GPU batch, or a single task).
+    fn start_attempts(
+        &mut self,
+        now_ms: u64,
+        worker: usize,
+        tasks: Vec<sluice_model::Task>,
+        service_ms: u64,
+    ) {
+        let ends_ms = now_ms + service_ms;
+        let lease_beat_ms = (self.options.engine.lease_ms / 3).max(1);
+        let mut holds_slot = true;
+        for task in tasks {
+            let (Some(lease), Some(&arrival)) = (task.lease, self.arrival_of.get(&task.id)) else {
+                continue;
+            };
+            let n = self.next_attempt;
+            self.next_attempt += 1;
+            self.due
+                .push(Reverse(((now_ms + lease_beat_ms).min(ends_ms), n)));
+            self.attempts.insert(
+                n,
+                Attempt {
+                    worker,
+                    epoch: self.workers[worker].epoch,
+                    task: task.id,
+                    token: lease.token,
+                    arrival,
+                    attempt: task.attempt,
+                    started_ms: now_ms,
+                    ends_ms,
+                    holds_slot,
+                },
+            );
+            if holds_slot {
+                self.workers[worker].busy += 1;
+                holds_slot = false;
+            }
+            self.last_progress_ms = now_ms;
         }
     }
 
     fn finish(mut self) -> RunOutcome {
         let end_ms = self.driver.now_ms();
         // Attempts still running when the run stopped count up to the stop.
-        for attempt in self.attempts.values() {
+        for attempt in self.attempts.values().filter(|a| a.holds_slot) {
             self.busy_slot_ms += end_ms.saturating_sub(attempt.started_ms);
         }
         let makespan_ms = end_ms - self.start_ms();

@@ -41,6 +41,11 @@ pub struct VariantReport {
     pub throughput_per_s: f64,
     /// Busy GPU slot time over the fleet's slot time in the makespan.
     pub utilisation: f64,
+    /// Completed tasks per second of busy GPU slot time (a GPU batch's time counted once).
+    pub tasks_per_gpu_s: f64,
+    /// How its workers claimed GPU batches (none: one task per GPU slot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<String>,
     pub makespan_ms: u64,
     pub stranded: u64,
     pub unfinished: u64,
@@ -85,6 +90,10 @@ impl VariantReport {
             },
             throughput_per_s: round3(completed as f64 / seconds),
             utilisation: round3(outcome.busy_slot_ms as f64 / outcome.slot_ms.max(1) as f64),
+            tasks_per_gpu_s: round3(
+                completed as f64 * 1_000.0 / outcome.busy_slot_ms.max(1) as f64,
+            ),
+            batch: None,
             makespan_ms: outcome.makespan_ms,
             stranded: outcome.stranded,
             unfinished: outcome.unfinished,
@@ -168,7 +177,15 @@ impl SimReport {
             }
         );
         for variant in &self.variants {
-            let _ = writeln!(out, "\nvariant {}: {}", variant.name, variant.policies);
+            let batch = variant
+                .batch
+                .as_ref()
+                .map_or_else(String::new, |batch| format!("; {batch}"));
+            let _ = writeln!(
+                out,
+                "\nvariant {}: {}{batch}",
+                variant.name, variant.policies
+            );
             let _ = writeln!(
                 out,
                 "  {:<8} {:>9} {:>10} {:>10} {:>10} {:>10}",
@@ -198,9 +215,10 @@ impl SimReport {
             );
             let _ = writeln!(
                 out,
-                "  throughput {:.1}/s, utilisation {:.1} %, makespan {}, crashes {}{}{}{}",
+                "  throughput {:.1}/s, utilisation {:.1} %, {:.2} tasks per GPU-second, makespan {}, crashes {}{}{}{}",
                 variant.throughput_per_s,
                 variant.utilisation * 100.0,
+                variant.tasks_per_gpu_s,
                 duration(variant.makespan_ms),
                 variant.crashes,
                 match variant.model_loads {

@@ -439,3 +439,69 @@ fn warm_model_placement_in_a_simulation_saves_loads() {
     };
     assert_eq!(run(&plain, &defaults(), &options).unwrap().model_loads, 0);
 }
+
+/// Eight tasks at once on one GPU: as one batch of eight they take 1.7 times one task's time
+/// (alpha 0.1) instead of eight times, and every task still completes once.
+#[test]
+fn a_gpu_batch_runs_its_tasks_together_for_one_batch_time() {
+    let tasks = (0..8).map(|_| {
+        let mut task = TraceTask::at(0, 1_000);
+        task.model = Some("seg".into());
+        task
+    });
+    let trace = Trace::from_tasks(tasks).unwrap();
+    let batched = ReplayOptions {
+        batch: Some(SimBatch::parse("8:20", 0.1).unwrap()),
+        ..options("1x1")
+    };
+    let figures = report(&trace, &defaults(), &batched);
+    assert_eq!(figures.completed, 8);
+    assert_eq!(figures.makespan_ms, 1_700);
+    assert_eq!(figures.utilisation, 1.0);
+    assert_eq!(figures.tasks_per_gpu_s, 4.706);
+    assert_eq!(
+        figures.wait_ms[&Priority::Normal].max_ms,
+        0,
+        "a full batch goes at once"
+    );
+    let single = report(&trace, &defaults(), &options("1x1"));
+    assert_eq!(single.makespan_ms, 8_000);
+    assert_eq!(single.tasks_per_gpu_s, 1.0);
+}
+
+/// Over a generated inference trace on a saturated fleet, batches of up to eight get more
+/// than three times the tasks per GPU-second of single tasks, and both runs end every task.
+#[test]
+fn batches_raise_tasks_per_gpu_second_on_a_saturated_inference_trace() {
+    let tasks =
+        crate::trace::generate::generate(crate::trace::generate::Shape::GpuBatches, 3_000, 5);
+    let trace = Trace::from_tasks(tasks).unwrap();
+    let batched = ReplayOptions {
+        batch: Some(SimBatch::parse("8:20", 0.1).unwrap()),
+        ..options("2x1")
+    };
+    let with_batches = report(&trace, &defaults(), &batched);
+    let single = report(&trace, &defaults(), &options("2x1"));
+    for figures in [&with_batches, &single] {
+        assert!(figures.drained);
+        assert_eq!(figures.completed, 3_000);
+    }
+    assert!(
+        with_batches.tasks_per_gpu_s > 3.0 * single.tasks_per_gpu_s,
+        "{} against {}",
+        with_batches.tasks_per_gpu_s,
+        single.tasks_per_gpu_s
+    );
+}
+
+#[test]
+fn a_batch_spec_is_checked() {
+    assert!(SimBatch::parse("0", 0.1).is_err());
+    assert!(SimBatch::parse("65", 0.1).is_err());
+    assert!(SimBatch::parse("8:x", 0.1).is_err());
+    assert!(SimBatch::parse("8:20000", 0.1).is_err());
+    assert!(SimBatch::parse("8", 11.0).is_err());
+    let batch = SimBatch::parse("8", 0.25).unwrap();
+    assert_eq!((batch.max_size, batch.max_wait_ms), (8, 0));
+    assert_eq!(batch.batch_ms(100, 5), 200);
+}

@@ -161,6 +161,7 @@ pub fn export(
         row.est_exec_ms = Some(task.est_exec_ms);
         row.gpu_memory_mb = task.resources.gpu_memory_mb;
         row.model = task.resources.model;
+        row.batch_key = task.resources.batch_key;
         row.failures = attempts.failures.clone();
         if max_hits_bytes.is_some() && family.is_some() && end == State::Completed {
             row.search = recorded(family.as_ref(), &answers).filter(|search| {

@@ -19,6 +19,10 @@ pub enum Shape {
     /// there), with a worker fault in every twentieth attempt.
     #[value(name = "seed-800")]
     Seed800,
+    /// GPU inference for batching: 40 a second of two models (`seg-v3`, `denoise-v2`) over two
+    /// input shapes (batch keys), 150-250 ms each alone, 2,000 MB of GPU memory, three sites.
+    #[value(name = "gpu-batches")]
+    GpuBatches,
 }
 
 /// Arrival rate of `shape` at `at_ms`, in tasks a second.
@@ -33,6 +37,7 @@ fn rate_per_s(shape: Shape, at_ms: u64) -> f64 {
             100.0 - 90.0 * (2.0 * std::f64::consts::PI * day).cos()
         }
         Shape::Seed800 => f64::INFINITY,
+        Shape::GpuBatches => 40.0,
     }
 }
 
@@ -52,6 +57,9 @@ pub fn generate(shape: Shape, tasks: usize, seed: u64) -> impl Iterator<Item = T
 }
 
 fn task(shape: Shape, n: usize, submit_ms: u64, chance: &mut SmallRng) -> TraceTask {
+    if shape == Shape::GpuBatches {
+        return inference_task(submit_ms, chance);
+    }
     // A tenth urgent, just over half normal, a third low.
     let priority = match chance.random_range(0..100) {
         0..10 => Priority::Urgent,
@@ -92,6 +100,46 @@ fn task(shape: Shape, n: usize, submit_ms: u64, chance: &mut SmallRng) -> TraceT
         } else {
             16_000
         },
+        failures,
+        ..TraceTask::at(submit_ms, service_ms)
+    }
+}
+
+/// A task of the `gpu-batches` shape: one inference of a few models and input shapes, the same
+/// work within ±25 %, so that tasks of one model and shape batch well.
+fn inference_task(submit_ms: u64, chance: &mut SmallRng) -> TraceTask {
+    let priority = match chance.random_range(0..100) {
+        0..10 => Priority::Urgent,
+        10..65 => Priority::Normal,
+        _ => Priority::Low,
+    };
+    let service_ms = chance.random_range(150..=250);
+    let estimate = service_ms as f64 * chance.random_range(0.9..=1.1);
+    let model = if chance.random_bool(0.6) {
+        "seg-v3"
+    } else {
+        "denoise-v2"
+    };
+    let shape = if chance.random_bool(0.7) {
+        "512x496"
+    } else {
+        "1024x496"
+    };
+    let failures = if chance.random_range(0..1_000) < 10 {
+        vec![FailureClass::Transient]
+    } else {
+        Vec::new()
+    };
+    TraceTask {
+        priority,
+        kind: "oct.infer".into(),
+        tenant: format!("site-{}", chance.random_range(0..3)),
+        device: format!("scanner-{}", chance.random_range(0..32)),
+        est_exec_ms: Some(estimate as u64),
+        gpus: 1,
+        gpu_memory_mb: 2_000,
+        model: Some(model.into()),
+        batch_key: Some(shape.into()),
         failures,
         ..TraceTask::at(submit_ms, service_ms)
     }

@@ -52,6 +52,10 @@ pub struct TraceTask {
     /// attempt runs on, paying `--model-load-ms` when that GPU held another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// What it shares with the others of a GPU batch beside its kind and model
+    /// (`resources.batch_key`): with `sluice sim --batch`, tasks batch only with their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_key: Option<String>,
     /// How its first attempts fail, in order; the attempt after the last one listed succeeds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<FailureClass>,
@@ -136,6 +140,7 @@ impl TraceTask {
             gpus: 0,
             gpu_memory_mb: 0,
             model: None,
+            batch_key: None,
             failures: Vec::new(),
             search: None,
         }
@@ -159,6 +164,13 @@ impl TraceTask {
             .model
             .as_deref()
             .map(|model| sluice_model::check_name("model", model))
+        {
+            return Some(error.to_string());
+        }
+        if let Some(Err(error)) = self
+            .batch_key
+            .as_deref()
+            .map(|key| sluice_model::check_name("batch_key", key))
         {
             return Some(error.to_string());
         }

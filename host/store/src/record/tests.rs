@@ -27,6 +27,7 @@ fn full_task() -> Task {
         resources: Resources {
             gpu_memory_mb: 8_000,
             model: Some("seg-v3".into()),
+            batch_key: Some("512x496".into()),
         },
         concurrency_key: Some("scanner-7".into()),
         preemptible: false,
@@ -127,6 +128,7 @@ fn a_format_two_record_reads_without_its_search_part() {
     let mut bytes = encode(&task).unwrap();
     // Format 3 is format 2's body then the search part: cut the part, mark it format 2.
     let mut plain = task.clone();
+    plain.resources.batch_key = None;
     if let Some(family) = &mut plain.family {
         family.scope = None;
         family.parts.iter_mut().for_each(|p| p.shard = None);
@@ -141,6 +143,21 @@ fn a_format_two_record_reads_without_its_search_part() {
     let mut longer = whole.clone();
     longer.push(0);
     assert!(decode(&longer).is_err());
+}
+
+/// A record of format 3 (the release before this one) reads as the same task without a batch
+/// key; a format-3 record with format 4's part after it is corrupt.
+#[test]
+fn a_format_three_record_reads_without_its_batch_key() {
+    let task = full_task();
+    let format_3 = super::v3::encode(&task, 3).unwrap();
+    let mut plain = task.clone();
+    plain.resources.batch_key = None;
+    assert_eq!(format_of(&format_3), Some(3));
+    assert_eq!(decode(&format_3).unwrap(), plain);
+    let mut marked_3 = encode(&task).unwrap();
+    marked_3[0] = 3;
+    assert!(decode(&marked_3).is_err());
 }
 
 /// The length of `bytes`' search part: everything after the format-2 body.

@@ -276,6 +276,8 @@ pub(super) fn decode_body(bytes: &[u8]) -> Result<(Task, &[u8]), StoreError> {
         resources: Resources {
             gpu_memory_mb: r.gpu_memory_mb,
             model: r.model.map(Cow::into_owned),
+            // Format 4's part, when the record has one.
+            batch_key: None,
         },
         concurrency_key: r.concurrency_key.map(Cow::into_owned),
         preemptible: r.preemptible,

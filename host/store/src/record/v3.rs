@@ -34,9 +34,9 @@ fn metric_of(code: u8) -> Result<Metric, StoreError> {
     }
 }
 
-/// `[3][TaskV2][SearchV3]`.
-pub(super) fn encode(task: &Task) -> Result<Vec<u8>, StoreError> {
-    let out = v2::encode_body(task, super::FORMAT_VERSION)?;
+/// `[format][TaskV2][SearchV3]`: format 3's whole record, or format 4's first part.
+pub(super) fn encode(task: &Task, format: u8) -> Result<Vec<u8>, StoreError> {
+    let out = v2::encode_body(task, format)?;
     let search = match &task.family {
         Some(family) => SearchV3 {
             scope: family.scope.as_ref().map(|s| {
@@ -57,8 +57,9 @@ pub(super) fn encode(task: &Task) -> Result<Vec<u8>, StoreError> {
     postcard::to_extend(&search, out).map_err(|e| corrupt(format!("format 3: {e}")))
 }
 
-/// Reads a record of format 2 (`with_search` false) or 3, after its format byte.
-pub(super) fn decode(bytes: &[u8], with_search: bool) -> Result<Task, StoreError> {
+/// Reads a record of format 2 (`with_search` false) or 3, after its format byte; answers the
+/// bytes after it (format 4's part), which a record of format 2 or 3 must not have.
+pub(super) fn decode(bytes: &[u8], with_search: bool) -> Result<(Task, &[u8]), StoreError> {
     let (mut task, rest) = v2::decode_body(bytes)?;
     let rest = if with_search {
         let (search, rest): (SearchV3<'_>, _) =
@@ -68,10 +69,7 @@ pub(super) fn decode(bytes: &[u8], with_search: bool) -> Result<Task, StoreError
     } else {
         rest
     };
-    if !rest.is_empty() {
-        return Err(corrupt(format!("{} bytes after the record", rest.len())));
-    }
-    Ok(task)
+    Ok((task, rest))
 }
 
 fn apply(task: &mut Task, search: SearchV3<'_>) -> Result<(), StoreError> {
