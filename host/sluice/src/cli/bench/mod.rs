@@ -1,5 +1,6 @@
 //! `sluice bench`: benchmarks that print figures (tests assert behaviour, never timings).
 
+mod batch;
 mod child;
 mod cpu;
 mod e2e;
@@ -19,6 +20,9 @@ pub enum BenchCommand {
     Restart(restart::RestartBenchArgs),
     /// End-to-end tasks/s (submit → claim → complete over HTTP, durable) and claim latency.
     E2e(e2e::E2eBenchArgs),
+    /// The same load through reference workers claiming single tasks, then GPU batches: tasks
+    /// per GPU-second, waits per bucket, shares, and that no batch mixed models.
+    Batch(batch::BatchBenchArgs),
     /// Cost per decision of each default policy, WASM against native; compile and swap time.
     Policy(policy::PolicyBenchArgs),
     /// The baseline for `e2e --store postgres://...`: a plain SKIP LOCKED table queue on the
@@ -34,6 +38,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Restart(args) => restart::run(args).await,
         BenchCommand::Policy(args) => policy::run(args).await,
         BenchCommand::E2e(args) => e2e::run(args).await,
+        BenchCommand::Batch(args) => batch::run(args).await,
         BenchCommand::Sim(args) => sim::run(args).await,
         BenchCommand::SkipLocked(args) => skip_locked::run(args).await,
     }
