@@ -26,12 +26,13 @@ from .types import (
     Task,
     TaskRequest,
 )
-from .worker import Job, Worker, WorkerStats
+from .worker import Batch, Job, Worker, WorkerStats
 
 __all__ = [
     "MAX_BATCH",
     "AttemptFailed",
     "AttemptStopped",
+    "Batch",
     "ClaimResponse",
     "Client",
     "Event",

@@ -238,11 +238,21 @@ class Client:
         )
 
     def claim(
-        self, worker_id: str, *, max_tasks: int, wait_ms: int, claim_id: str | None = None
+        self,
+        worker_id: str,
+        *,
+        max_tasks: int,
+        wait_ms: int,
+        claim_id: str | None = None,
+        batch: dict[str, Any] | None = None,
     ) -> ClaimResponse:
+        """`batch` (`{"max_size": 8, "max_wait_ms": 20, "models": [...]}`) claims one GPU
+        batch: tasks of one kind, model and batch key, on one GPU."""
         body: dict[str, Any] = {"max": max_tasks, "wait_ms": wait_ms}
         if claim_id is not None:
             body["claim_id"] = claim_id
+        if batch is not None:
+            body["batch"] = batch
         answer = self.request(
             "POST",
             f"/v1/workers/{worker_id}/claim",

@@ -150,6 +150,8 @@ class Task(Record):
     max_attempts: int = 0
     est_exec_ms: int = 0
     deadline_ms: int | None = None
+    #: `gpu_memory_mb`, `model` and `batch_key`, as submitted.
+    resources: dict[str, Any] = field(default_factory=dict)
     payload: Json = None
     result: Json = None
     error: dict[str, Any] | None = None

@@ -10,6 +10,11 @@ asyncio executor's task is cancelled — and once it has returned the worker rep
 which frees the GPU on the server. `stop()`, SIGTERM or SIGINT drain: no new claims, the
 attempts in hand finish and report, then `run()` returns.
 
+With `batch=Batch(max_size=8, max_wait_ms=20)` it claims GPU batches instead: once a whole
+batch's places are free, tasks of one kind, model and batch key, on one GPU. An executor with
+an `execute_batch(jobs)` method runs each batch as one call (each job keeps its own lease,
+cancel signal and report); without one, each job of the batch runs on its own thread.
+
 Threads, not a framework: a claim loop, a heartbeat loop, one thread per running attempt and
 one lease keeper beside it, and, for a coroutine executor, one asyncio loop they share.
 """
@@ -46,6 +51,23 @@ MAX_REPORT_PAUSE_S = 2.0
 REFUSED_PAUSE_S = 0.5
 AT_CAPACITY_PAUSE_S = 0.02
 _TOLD_TO_STOP = frozenset({"attempt-cancelled", "attempt-revoked"})
+
+
+@dataclass(frozen=True)
+class Batch:
+    """How a worker claims GPU batches: at most `max_size` tasks, a batch short of it waiting
+    up to `max_wait_ms` for more (the server's `batch_wait_ms` caps it per bucket, 0 for
+    urgent), only tasks of `models` when given."""
+
+    max_size: int
+    max_wait_ms: int = 20
+    models: tuple[str, ...] = ()
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"max_size": self.max_size, "max_wait_ms": self.max_wait_ms}
+        if self.models:
+            body["models"] = list(self.models)
+        return body
 
 
 @dataclass
@@ -97,6 +119,8 @@ class WorkerStats:
     #: Attempts stopped because the server ended their task or preempted them.
     stopped: int = 0
     errors: int = 0
+    #: GPU batches run through `execute_batch`.
+    batches: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, name: str, n: int = 1) -> None:
@@ -131,11 +155,18 @@ class Worker:
         vectors: ShardAnnouncement | None = None,
         claim_wait_ms: int = 5_000,
         heartbeat_interval_s: float = 2.0,
+        batch: Batch | None = None,
     ):
         if isinstance(gpus, int):
             gpus = [Gpu(memory_mb=gpu_memory_mb) for _ in range(gpus)]
+        if batch is not None and not 1 <= batch.max_size <= MAX_CLAIM:
+            raise ValueError(f"a batch holds 1 to {MAX_CLAIM} tasks")
         self.client = client
         self.id = worker_id
+        self.batch = batch
+        # A GPU takes a whole batch's tasks at once.
+        if batch is not None:
+            per_gpu = max(per_gpu, batch.max_size)
         self.slots = max(1, len(gpus) * max(1, per_gpu))
         self._heartbeat = Heartbeat(
             gpus=list(gpus),
@@ -147,6 +178,10 @@ class Worker:
         self._models = list(loaded_models)
         self._call = _callable(executor)
         self._is_async = inspect.iscoroutinefunction(self._call)
+        batch_call = getattr(executor, "execute_batch", None)
+        self._batch_call: Callable[[list[Job]], Any] | None = (
+            batch_call if callable(batch_call) else None
+        )
         self.claim_wait_ms = claim_wait_ms
         self.heartbeat_interval_s = heartbeat_interval_s
         self.stats = WorkerStats()
@@ -263,17 +298,29 @@ class Worker:
         # A claim that got no answer is sent again under the same name, so the leases it may
         # have granted come back instead of waiting out their timeout.
         unanswered: str | None = None
+        # A batch waits for a whole batch's places; single tasks for one.
+        wanted = min(self.batch.max_size, self.slots) if self.batch is not None else 1
         while not self._stopping.is_set():
-            if not self._free.acquire(timeout=0.2):
+            taken = self._take_places(wanted)
+            if taken == 0:
                 continue
-            free = 1
-            while free < MAX_CLAIM and self._free.acquire(blocking=False):
-                free += 1
             claim_id = unanswered or uuid.uuid4().hex
             unanswered = None
+            batch = None
+            if self.batch is not None:
+                # One batch at a time: the places past it go back at once.
+                free = min(taken, self.batch.max_size)
+                self._release(taken - free)
+                batch = {**self.batch.body(), "max_size": free}
+            else:
+                free = taken
             try:
                 answer = self.client.claim(
-                    self.id, max_tasks=free, wait_ms=self.claim_wait_ms, claim_id=claim_id
+                    self.id,
+                    max_tasks=free,
+                    wait_ms=self.claim_wait_ms,
+                    claim_id=claim_id,
+                    batch=batch,
                 )
             except ProblemError as error:
                 self._release(free)
@@ -304,9 +351,29 @@ class Worker:
                 pause = AT_CAPACITY_PAUSE_S if code == "at-capacity" else REFUSED_PAUSE_S
                 self._stopping.wait(pause)
                 continue
+            if self._batch_call is not None and self.batch is not None and answer.leases:
+                self.stats.add("claimed", len(answer.leases))
+                self.stats.add("batches")
+                attempts.submit(self._run_batch, list(answer.leases))
+                continue
             for grant in answer.leases:
                 self.stats.add("claimed")
                 attempts.submit(self._attempt, grant)
+
+    def _take_places(self, wanted: int) -> int:
+        """Waits (0.2 s at most) for `wanted` free places and takes them, with any more free
+        (up to `MAX_CLAIM`): how many it took, 0 when there were not enough."""
+        taken = 0
+        deadline = time.monotonic() + 0.2
+        while taken < wanted:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._free.acquire(timeout=left):
+                self._release(taken)
+                return 0
+            taken += 1
+        while taken < MAX_CLAIM and self._free.acquire(blocking=False):
+            taken += 1
+        return taken
 
     def _release(self, n: int) -> None:
         for _ in range(max(0, n)):
@@ -341,6 +408,69 @@ class Worker:
             outcome = self._execute(job)
         finally:
             keeper_done.set()
+        self._finish(job, lease, outcome)
+
+    def _run_batch(self, grants: list[LeaseGrant]) -> None:
+        """A GPU batch: each task started (its own report), the started ones through one
+        `execute_batch(jobs)` call while their leases are kept, then each outcome reported."""
+        try:
+            running: list[tuple[Job, _LeaseClock]] = []
+            for grant in grants:
+                lease = _LeaseClock(grant)
+                started = self._report(grant, "start", {}, lease)
+                if started == "cancelled":
+                    self._stopped(grant, lease)
+                elif started == "done":
+                    running.append((Job(grant=grant, cancelled=threading.Event(), worker=self), lease))
+            if not running:
+                return
+            keepers_done = threading.Event()
+            for job, lease in running:
+                threading.Thread(
+                    target=self._keep_alive, args=(job, lease, keepers_done), daemon=True
+                ).start()
+            try:
+                outcomes = self._execute_batch([job for job, _ in running])
+            finally:
+                keepers_done.set()
+            for (job, lease), outcome in zip(running, outcomes):
+                self._finish(job, lease, outcome)
+        except Exception:  # noqa: BLE001 - a bug here must not lose the slots
+            self.stats.add("errors")
+            log.exception("a batch of %d tasks broke", len(grants))
+        finally:
+            self._release(len(grants))
+
+    def _execute_batch(self, jobs: list[Job]) -> list[tuple]:
+        """One outcome per job: `execute_batch` answers a list with a result, or an exception
+        (AttemptFailed and the others, as `execute` raises them), per job."""
+        assert self._batch_call is not None
+        try:
+            answers = self._batch_call(jobs)
+            if inspect.iscoroutine(answers):
+                if self._loop is not None:
+                    answers = asyncio.run_coroutine_threadsafe(answers, self._loop).result()
+                else:
+                    answers = asyncio.run(answers)
+            answers = list(answers)
+        except (AttemptStopped, asyncio.CancelledError, concurrent.futures.CancelledError):
+            return [("stopped",)] * len(jobs)
+        except AttemptFailed as error:
+            return [("fail", error.failure_class, str(error)[:4096])] * len(jobs)
+        except Exception as error:  # noqa: BLE001 - the executor's failure is the batch's
+            line = traceback.format_exception_only(type(error), error)[-1].strip()
+            return [("fail", "transient", line[:4096])] * len(jobs)
+        outcomes = []
+        for index, job in enumerate(jobs):
+            if index >= len(answers):
+                outcomes.append(("fail", "transient", "execute_batch gave no answer for this task"))
+            else:
+                outcomes.append(_outcome(job, answers[index]))
+        return outcomes
+
+    def _finish(self, job: Job, lease: _LeaseClock, outcome: tuple) -> None:
+        """Reports an attempt's outcome (or `stopped`, when the server ended it meanwhile)."""
+        grant = job.grant
         if job.cancelled.is_set() or outcome[0] == "stopped":
             self._stopped(grant, lease)
             return
@@ -474,6 +604,24 @@ class _LeaseClock:
 
     def left_s(self) -> float:
         return self._ends - time.monotonic()
+
+
+def _outcome(job: Job, answer: Any) -> tuple:
+    """One job's outcome from its item of an `execute_batch` answer."""
+    if isinstance(answer, AttemptStopped):
+        return ("stopped",)
+    if isinstance(answer, AttemptFailed):
+        return ("fail", answer.failure_class, str(answer)[:4096])
+    if isinstance(answer, BaseException):
+        if job.cancelled.is_set():
+            return ("stopped",)
+        line = traceback.format_exception_only(type(answer), answer)[-1].strip()
+        return ("fail", "transient", line[:4096])
+    try:
+        json.dumps(answer)
+    except (TypeError, ValueError) as error:
+        return ("fail", "permanent", f"the executor's result is not JSON: {error}"[:4096])
+    return ("complete", answer)
 
 
 def _callable(executor: Any) -> Callable[[Job], Any]:
