@@ -269,10 +269,40 @@ fn serve_refuses_a_policy_setting_its_component_does_not_know() {
 fn worker_and_serve_refuse_bad_dispatch_settings_with_a_message() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().to_str().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &["worker", "--id", "w", "--fail-rate", "1.5"],
             "--fail-rate",
+        ),
+        (
+            &[
+                "worker",
+                "--id",
+                "w",
+                "--batch-size",
+                "8",
+                "--max-concurrency",
+                "4",
+            ],
+            "--max-concurrency 4 is below --batch-size 8",
+        ),
+        (
+            &[
+                "worker",
+                "--id",
+                "w",
+                "--batch-size",
+                "8",
+                "--batch-alpha",
+                "-0.5",
+            ],
+            "--batch-alpha",
+        ),
+        (&["bench", "batch", "--rate", "0"], "--rate"),
+        (&["bench", "batch", "--exec-ms", "0"], "--exec-ms"),
+        (
+            &["sim", "--trace", "/nonexistent.jsonl", "--batch", "8:20:5"],
+            "--batch: `8:20:5`",
         ),
         (&["worker", "--id", "bad id"], "worker id"),
         (

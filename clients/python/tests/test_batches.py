@@ -19,9 +19,6 @@ class Batcher:
         self.batches: list[list[tuple[str, str]]] = []
         self._lock = threading.Lock()
 
-    def execute(self, job: Job) -> dict:
-        raise AssertionError("a batching worker hands batches to execute_batch")
-
     def execute_batch(self, jobs: list[Job]) -> list:
         with self._lock:
             self.batches.append(
@@ -80,11 +77,17 @@ def test_a_batching_worker_runs_batches_of_one_model_and_shape(client: Client):
             assert tasks[task_id].result["n"] == n
 
 
-def test_a_batch_size_out_of_bounds_is_refused(client: Client):
-    for size in (0, 65):
+def test_a_bad_batch_is_refused_before_any_claim():
+    for bad, says in [
+        ({"max_size": 0}, "1 to 64"),
+        ({"max_size": 65}, "1 to 64"),
+        ({"max_size": 8, "max_wait_ms": 10_001}, "0 to 10000"),
+        ({"max_size": 8, "models": "seg-v3"}, "not one string"),
+        ({"max_size": 8, "models": ("bad model",)}, "bad model"),
+    ]:
         try:
-            Worker(client, "w", lambda job: None, batch=Batch(max_size=size))
+            Batch(**bad)
         except ValueError as error:
-            assert "1 to 64" in str(error)
+            assert says in str(error), (bad, str(error))
         else:
-            raise AssertionError(f"a batch of {size} was accepted")
+            raise AssertionError(f"{bad} was accepted")

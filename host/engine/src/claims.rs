@@ -212,7 +212,11 @@ impl Engine {
             let Some((task, gpu, tenant)) = candidates[bucket.index()] else {
                 break;
             };
-            charges.push(self.queues.charge(bucket, tenant, &self.tenant_weights));
+            let charged = self.queues.charge(bucket, tenant, &self.tenant_weights);
+            if batch.is_some() {
+                // Only a batch claim may be held and need its charges taken back.
+                charges.push(charged);
+            }
             if let Some(room) = gpu.and_then(|gpu| free_gpus.get_mut(&gpu)) {
                 let memory_mb = self.queues.get(task).map_or(0, |w| w.gpu_memory_mb);
                 room.take(memory_mb);

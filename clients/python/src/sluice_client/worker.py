@@ -26,6 +26,7 @@ import concurrent.futures
 import inspect
 import json
 import logging
+import re
 import signal
 import threading
 import time
@@ -51,6 +52,10 @@ MAX_REPORT_PAUSE_S = 2.0
 REFUSED_PAUSE_S = 0.5
 AT_CAPACITY_PAUSE_S = 0.02
 _TOLD_TO_STOP = frozenset({"attempt-cancelled", "attempt-revoked"})
+#: The longest a batch may wait to fill, and the most models a batch claim names.
+MAX_BATCH_WAIT_MS = 10_000
+MAX_BATCH_MODELS = 16
+_NAME = re.compile(r"[A-Za-z0-9._:/@-]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,21 @@ class Batch:
     max_size: int
     max_wait_ms: int = 20
     models: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_size <= MAX_CLAIM:
+            raise ValueError(f"a batch holds 1 to {MAX_CLAIM} tasks, not {self.max_size}")
+        if not 0 <= self.max_wait_ms <= MAX_BATCH_WAIT_MS:
+            raise ValueError(f"max_wait_ms is 0 to {MAX_BATCH_WAIT_MS}, not {self.max_wait_ms}")
+        if isinstance(self.models, str):
+            raise ValueError("models is a list of model names, not one string")
+        if len(self.models) > MAX_BATCH_MODELS:
+            raise ValueError(f"at most {MAX_BATCH_MODELS} models")
+        for model in self.models:
+            if not isinstance(model, str) or not _NAME.fullmatch(model):
+                raise ValueError(
+                    f"model {model!r} is not 1 to 128 of A-Z a-z 0-9 . _ - : / @"
+                )
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"max_size": self.max_size, "max_wait_ms": self.max_wait_ms}
@@ -159,8 +179,6 @@ class Worker:
     ):
         if isinstance(gpus, int):
             gpus = [Gpu(memory_mb=gpu_memory_mb) for _ in range(gpus)]
-        if batch is not None and not 1 <= batch.max_size <= MAX_CLAIM:
-            raise ValueError(f"a batch holds 1 to {MAX_CLAIM} tasks")
         self.client = client
         self.id = worker_id
         self.batch = batch
@@ -176,12 +194,12 @@ class Worker:
             vectors=vectors,
         )
         self._models = list(loaded_models)
-        self._call = _callable(executor)
-        self._is_async = inspect.iscoroutinefunction(self._call)
         batch_call = getattr(executor, "execute_batch", None)
         self._batch_call: Callable[[list[Job]], Any] | None = (
-            batch_call if callable(batch_call) else None
+            batch_call if callable(batch_call) and batch is not None else None
         )
+        self._call = _callable(executor, batches_only=self._batch_call is not None)
+        self._is_async = inspect.iscoroutinefunction(self._call)
         self.claim_wait_ms = claim_wait_ms
         self.heartbeat_interval_s = heartbeat_interval_s
         self.stats = WorkerStats()
@@ -624,9 +642,18 @@ def _outcome(job: Job, answer: Any) -> tuple:
     return ("complete", answer)
 
 
-def _callable(executor: Any) -> Callable[[Job], Any]:
+def _callable(executor: Any, *, batches_only: bool = False) -> Callable[[Job], Any]:
     if hasattr(executor, "execute") and callable(executor.execute):
         return executor.execute
     if callable(executor):
         return executor
-    raise TypeError("an executor is a function of a Job, or an object with an execute(job) method")
+    if batches_only:
+        return _no_single_execute
+    raise TypeError(
+        "an executor is a function of a Job, or an object with an execute(job) method "
+        "(or, for a worker with batch=Batch(...), an execute_batch(jobs) method)"
+    )
+
+
+def _no_single_execute(job: Job) -> Any:
+    raise AttemptFailed("this executor runs batches only (execute_batch)", "transient")

@@ -164,6 +164,7 @@ impl WorkerStats {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let batches = match get(&self.batches) {
             0 => String::new(),
+            1 => " in 1 batch".to_owned(),
             n => format!(" in {n} batches"),
         };
         format!(

@@ -88,6 +88,11 @@ impl ClaimRequest {
     /// The most tasks to lease, and the batch asked for, checked.
     fn checked(&self) -> Result<(usize, Option<BatchClaim>), ApiError> {
         let batch_max = self.batch.as_ref().map(|b| b.max_size);
+        if batch_max.is_some_and(|size| !(1..=MAX_CLAIM).contains(&size)) {
+            return Err(ApiError::InvalidRequest(format!(
+                "batch.max_size must be 1 to {MAX_CLAIM}"
+            )));
+        }
         let max = self.max.or(batch_max).unwrap_or(1);
         if !(1..=MAX_CLAIM).contains(&max) {
             return Err(ApiError::InvalidRequest(format!(
@@ -215,14 +220,15 @@ pub async fn claim(
         }
         if !claimed.claimed.leases.is_empty() {
             let metrics = &state.metrics.pipeline;
-            metrics.observe_claim_grant(work_since.elapsed().as_secs_f64());
-            metrics.observe_claim_tasks(claimed.claimed.leases.len());
+            let tasks = claimed.claimed.leases.len();
             if batch.is_some() {
                 let model = claimed.claimed.leases[0].resources.model.as_deref();
                 let fill_wait_s = held_since.map_or(0.0, |since| since.elapsed().as_secs_f64());
-                metrics.observe_batch(model, claimed.claimed.leases.len(), fill_wait_s);
+                metrics.observe_batch(model, tasks, fill_wait_s);
             }
             let leases = grants(&state, claimed)?;
+            metrics.observe_claim_grant(work_since.elapsed().as_secs_f64());
+            metrics.observe_claim_tasks(tasks);
             return Ok(Json(ClaimResponse {
                 leases,
                 reason: None,

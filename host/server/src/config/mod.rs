@@ -87,6 +87,7 @@ fn callback_rules(rules: &Vec<String>) -> Result<(), String> {
 pub fn bucket_batch_waits(items: &[String]) -> Result<[u64; 3], String> {
     let mut waits = sluice_engine::DEFAULT_BATCH_WAIT_MS;
     let max = sluice_engine::MAX_BATCH_WAIT_MS;
+    let mut named = [false; 3];
     for item in items {
         let (bucket, ms) = item
             .split_once('=')
@@ -101,6 +102,9 @@ pub fn bucket_batch_waits(items: &[String]) -> Result<[u64; 3], String> {
             .map_err(|_| format!("`{ms}` in `{item}` is not a whole number of ms"))?;
         if ms > max {
             return Err(format!("`{item}`: at most {max} ms"));
+        }
+        if std::mem::replace(&mut named[bucket.index()], true) {
+            return Err(format!("`{}` is named twice", bucket.as_str()));
         }
         waits[bucket.index()] = ms;
     }
@@ -213,7 +217,8 @@ settings! {
     /// How long a task waits for a worker with its model loaded
     affinity_wait_ms: u64 = 10_000, within(0..=DAY_MS, "0 ms to 24 h");
     /// The longest a task waits in each bucket for a GPU batch to fill
-    /// (a batch claim's own max_wait_ms may be shorter; urgent=0 never holds urgent work back)
+    /// (a batch claim's own max_wait_ms may be shorter; urgent=0 never holds urgent work back;
+    /// a bucket left out keeps its default)
     batch_wait_ms: Vec<String> = vec!["urgent=0".to_owned(), "normal=10000".to_owned(), "low=10000".to_owned()],
         batch_waits;
     /// Task kinds split on admission and merged, comma-separated

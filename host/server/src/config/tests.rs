@@ -157,3 +157,28 @@ fn the_readme_table_is_the_settings() {
         "README.md's settings table is not the settings' declarations (host/server/src/config/mod.rs); it should read:\n\n{table}"
     );
 }
+
+#[test]
+fn batch_waits_name_each_bucket_once_within_the_bound() {
+    use super::bucket_batch_waits;
+    let text = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        bucket_batch_waits(&text(&["low=20"])).unwrap(),
+        [0, 10_000, 20],
+        "buckets left out keep their defaults"
+    );
+    assert_eq!(
+        bucket_batch_waits(&text(&["urgent=5", "normal=0"])).unwrap(),
+        [5, 0, 10_000]
+    );
+    for (bad, says) in [
+        (&["normal=5", "normal=6"][..], "named twice"),
+        (&["later=5"][..], "not a bucket"),
+        (&["low=10001"][..], "at most 10000"),
+        (&["low"][..], "bucket=ms"),
+        (&["low=-1"][..], "whole number"),
+    ] {
+        let error = bucket_batch_waits(&text(bad)).unwrap_err();
+        assert!(error.contains(says), "{bad:?}: {error}");
+    }
+}

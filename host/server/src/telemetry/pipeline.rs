@@ -10,8 +10,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Tasks in one claim's answer, and in one batch (claims take at most 64).
-const CLAIM_SIZE_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 48.0, 64.0];
+/// Tasks in one claim's answer, and in one batch (claims take at most 64): each size to 8,
+/// the common batch sizes, then coarser.
+const CLAIM_SIZE_BUCKETS: [f64; 14] = [
+    1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0,
+];
 
 /// Models named in the batch-size family; later ones are `other`.
 const MAX_MODEL_LABELS: usize = 64;

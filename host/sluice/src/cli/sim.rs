@@ -74,8 +74,8 @@ pub struct SimArgs {
     #[arg(long, value_name = "SIZE[:WAIT_MS]")]
     compare_batch: Option<String>,
     /// What each task past the first adds to a batch's time, as a share of its longest
-    /// task's service time: a batch of n takes service × (1 + alpha × (n − 1))
-    #[arg(long, default_value_t = 0.1)]
+    /// task's service time, 0 to 10: a batch of n takes service × (1 + alpha × (n − 1))
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     batch_alpha: f64,
     /// Refuse a trace of more tasks (a million take about 60 MB per run).
     #[arg(long, default_value_t = 5_000_000)]
@@ -158,14 +158,17 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let parse = |texts: &[String]| -> anyhow::Result<Vec<PolicyChoice>> {
         texts.iter().map(|t| Ok(t.parse()?)).collect()
     };
-    let parse_batch = |text: &Option<String>| -> anyhow::Result<Option<SimBatch>> {
+    if !(0.0..=10.0).contains(&args.batch_alpha) {
+        anyhow::bail!("--batch-alpha must be 0 to 10");
+    }
+    let parse_batch = |flag: &str, text: &Option<String>| -> anyhow::Result<Option<SimBatch>> {
         text.as_deref()
             .map(|text| SimBatch::parse(text, args.batch_alpha))
             .transpose()
-            .map_err(anyhow::Error::msg)
+            .map_err(|error| anyhow::anyhow!("{flag}: {error}"))
     };
-    let batch_a = parse_batch(&args.batch)?;
-    let batch_b = parse_batch(&args.compare_batch)?;
+    let batch_a = parse_batch("--batch", &args.batch)?;
+    let batch_b = parse_batch("--compare-batch", &args.compare_batch)?;
     let mut variants = Variant::pair(parse(&args.policies)?, parse(&args.compares)?)?;
     if args.compare_batch.is_some() && variants.len() == 1 {
         let mut second = variants[0].clone();

@@ -63,7 +63,12 @@ pub struct WorkerArgs {
     batch_models: Vec<String>,
     /// With --batch-size: what each task past the first adds to a synthetic batch's time, as a
     /// share of one task's (a batch of n takes exec-ms × (1 + alpha × (n − 1)))
-    #[arg(long, default_value_t = 0.1, requires = "batch_size")]
+    #[arg(
+        long,
+        default_value_t = 0.1,
+        requires = "batch_size",
+        allow_negative_numbers = true
+    )]
     batch_alpha: f64,
     /// The class of the synthetic failures
     #[arg(long, value_parser = parse_class, default_value = "transient")]
@@ -163,6 +168,14 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         sluice_model::check_name("batch model", model).context("--batch-models")?;
     }
     let batch_places = args.batch_size.unwrap_or(1);
+    if let (Some(size), Some(max)) = (args.batch_size, args.max_concurrency)
+        && max < size
+    {
+        anyhow::bail!(
+            "--max-concurrency {max} is below --batch-size {size}: a batch takes a place for \
+             each task (leave --max-concurrency out for gpus × batch size)"
+        );
+    }
     sluice_model::check_worker_id(&args.id).context("--id")?;
     let mut heartbeat = Heartbeat {
         gpus: (0..args.gpus)
@@ -236,7 +249,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             let stats = run(client, config, executor.clone(), shutdown).await?;
             let busy_s = executor.gpu_busy().as_secs_f64();
             let completed = stats.completed.load(std::sync::atomic::Ordering::Relaxed);
-            if busy_s > 0.0 {
+            if busy_s > 0.0 && args.gpus > 0 {
                 outln!(
                     "worker {}: GPU busy {busy_s:.3} s, {:.1} tasks per GPU-second",
                     args.id,

@@ -193,10 +193,9 @@ impl SimBatch {
             .parse()
             .map_err(|_| format!("`{text}`: a batch is SIZE[:WAIT_MS], e.g. 8:20"))?;
         let max_wait_ms: u64 = match wait {
-            Some(wait) => wait
-                .trim()
-                .parse()
-                .map_err(|_| format!("`{text}`: WAIT_MS is a whole number of ms"))?,
+            Some(wait) => wait.trim().parse().map_err(|_| {
+                format!("`{text}`: a batch is SIZE[:WAIT_MS], WAIT_MS a whole number of ms")
+            })?,
             None => 0,
         };
         if !(1..=sluice_wire::MAX_CLAIM).contains(&max_size) {
@@ -224,6 +223,9 @@ impl SimBatch {
 
 impl std::fmt::Display for SimBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.max_size == 1 {
+            return write!(f, "one task per GPU at a time (batches of 1)");
+        }
         write!(
             f,
             "GPU batches of up to {} within {} ms (alpha {})",
@@ -952,6 +954,9 @@ impl<'a> Replay<'a> {
                     service_ms = service_ms.max(task_ms);
                     tasks.push(task);
                 }
+            }
+            if tasks.is_empty() {
+                break;
             }
             let batch_ms = batch.batch_ms(service_ms, tasks.len());
             self.start_attempts(now_ms, worker, tasks, batch_ms);

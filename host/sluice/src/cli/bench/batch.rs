@@ -98,21 +98,35 @@ struct RunFigures {
 }
 
 pub async fn run(args: BatchBenchArgs) -> anyhow::Result<()> {
-    if !(1..=1_000_000).contains(&args.tasks) || !(1..=64).contains(&args.workers) {
-        bail!("--tasks must be 1 to 1000000 and --workers 1 to 64");
+    if !(1..=1_000_000).contains(&args.tasks) {
+        bail!("--tasks must be 1 to 1000000");
+    }
+    if !(1..=64).contains(&args.workers) {
+        bail!("--workers must be 1 to 64");
     }
     if !(2..=sluice_wire::MAX_CLAIM).contains(&args.batch_size) {
         bail!("--batch-size must be 2 to {}", sluice_wire::MAX_CLAIM);
     }
-    if args.batch_wait_ms > sluice_engine::MAX_BATCH_WAIT_MS || !(0.0..=10.0).contains(&args.alpha)
-    {
+    if args.batch_wait_ms > sluice_engine::MAX_BATCH_WAIT_MS {
         bail!(
-            "--batch-wait-ms must be at most {} and --alpha 0 to 10",
+            "--batch-wait-ms must be at most {}",
             sluice_engine::MAX_BATCH_WAIT_MS
         );
     }
-    if !(1..=10).contains(&args.rounds) || args.exec_ms > 60_000 {
-        bail!("--rounds must be 1 to 10 and --exec-ms at most 60000");
+    if !(0.0..=10.0).contains(&args.alpha) {
+        bail!("--alpha must be 0 to 10");
+    }
+    if !(1..=10).contains(&args.rounds) {
+        bail!("--rounds must be 1 to 10");
+    }
+    if !(1..=60_000).contains(&args.exec_ms) {
+        bail!("--exec-ms must be 1 to 60000");
+    }
+    if args
+        .rate
+        .is_some_and(|rate| !(1..=1_000_000).contains(&rate))
+    {
+        bail!("--rate must be 1 to 1000000 tasks a second");
     }
     if let Some(store) = &args.store
         && !is_postgres_url(store)
