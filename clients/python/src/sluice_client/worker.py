@@ -471,13 +471,10 @@ class Worker:
                 else:
                     answers = asyncio.run(answers)
             answers = list(answers)
-        except (AttemptStopped, asyncio.CancelledError, concurrent.futures.CancelledError):
+        except (asyncio.CancelledError, concurrent.futures.CancelledError):
             return [("stopped",)] * len(jobs)
-        except AttemptFailed as error:
-            return [("fail", error.failure_class, str(error)[:4096])] * len(jobs)
         except Exception as error:  # noqa: BLE001 - the executor's failure is the batch's
-            line = traceback.format_exception_only(type(error), error)[-1].strip()
-            return [("fail", "transient", line[:4096])] * len(jobs)
+            return [_outcome(job, error) for job in jobs]
         outcomes = []
         for index, job in enumerate(jobs):
             if index >= len(answers):
@@ -517,20 +514,11 @@ class Worker:
         """("complete", result) | ("fail", class, message) | ("stopped",)."""
         try:
             result = self._execute_async(job) if self._is_async else self._call(job)
-        except (AttemptStopped, asyncio.CancelledError, concurrent.futures.CancelledError):
+        except (asyncio.CancelledError, concurrent.futures.CancelledError):
             return ("stopped",)
-        except AttemptFailed as error:
-            return ("fail", error.failure_class, str(error)[:4096])
         except Exception as error:  # noqa: BLE001 - the executor's failure is the attempt's
-            if job.cancelled.is_set():
-                return ("stopped",)
-            line = traceback.format_exception_only(type(error), error)[-1].strip()
-            return ("fail", "transient", line[:4096])
-        try:
-            json.dumps(result)
-        except (TypeError, ValueError) as error:
-            return ("fail", "permanent", f"the executor's result is not JSON: {error}"[:4096])
-        return ("complete", result)
+            return _outcome(job, error)
+        return _outcome(job, result)
 
     def _execute_async(self, job: Job) -> Any:
         assert self._loop is not None
@@ -625,7 +613,8 @@ class _LeaseClock:
 
 
 def _outcome(job: Job, answer: Any) -> tuple:
-    """One job's outcome from its item of an `execute_batch` answer."""
+    """An attempt's outcome from what its executor returned or raised (or, in a batch, the
+    job's item of the answer): ("complete", result) | ("fail", class, message) | ("stopped",)."""
     if isinstance(answer, AttemptStopped):
         return ("stopped",)
     if isinstance(answer, AttemptFailed):
