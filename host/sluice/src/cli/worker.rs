@@ -196,6 +196,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     };
     let client = args.server.client()?;
     let shutdown = super::serve::shutdown_signal();
+    let mut gpu_time = String::new();
     let stats = match &args.vectors {
         Some(path) => {
             let index = load_index(path, args.shard, args.centroids.as_deref())?;
@@ -250,16 +251,16 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
             let busy_s = executor.gpu_busy().as_secs_f64();
             let completed = stats.completed.load(std::sync::atomic::Ordering::Relaxed);
             if busy_s > 0.0 && args.gpus > 0 {
-                outln!(
-                    "worker {}: GPU busy {busy_s:.3} s, {:.1} tasks per GPU-second",
-                    args.id,
+                gpu_time = format!(
+                    "; GPU busy {busy_s:.3} s, {:.1} tasks per GPU-second",
                     completed as f64 / busy_s
-                )?;
+                );
             }
             stats
         }
     };
-    outln!("worker {}: {}", args.id, stats.line())?;
+    // One line, which scripts and tests read.
+    outln!("worker {}: {}{gpu_time}", args.id, stats.line())?;
     Ok(())
 }
 
