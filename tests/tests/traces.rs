@@ -96,6 +96,89 @@ fn trace_import_reads_a_csv_through_its_column_mapping() {
     );
 }
 
+/// A CSV in the published format of the Alibaba GPU 2023 pod list, imported with the mapping
+/// docs/traces.md gives: every row with its three times kept, pods that ran for months clipped
+/// to a day and counted, the rest counted by reason; the trace replays to the end.
+#[test]
+fn the_alibaba_pod_list_imports_with_the_documented_mapping_and_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("openb_pod_list_default.csv");
+    std::fs::write(
+        &csv,
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+         openb-pod-0000,12000,16384,1,1000,,LS,Running,0,12537496,0\n\
+         openb-pod-0017,88000,327680,8,1000,,Burstable,Succeeded,9437497,10769854,9437497\n\
+         openb-pod-0033,3152,5600,1,1000,,BE,Failed,9965463,9965645,9965463\n\
+         openb-pod-0061,11908,47104,1,1000,,BE,Pending,10001278,10001403,\n\
+         openb-pod-0084,11908,47104,1,1000,,BE,Pending,10015849,10015908,\n\
+         openb-pod-0129,12000,24576,1,1000,,Guaranteed,Running,10035396,10036353,10035396\n\
+         openb-pod-9999,1000,2048,0,0,,BE,Running,10040000,,10040001\n",
+    )
+    .unwrap();
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/traces.md")).unwrap();
+    // The mapping as the docs print it, on the line after `--columns`.
+    let columns = docs
+        .lines()
+        .skip_while(|line| !line.contains("openb_pod_list_default.csv --time-unit s"))
+        .find_map(|line| line.trim().strip_prefix("--columns "))
+        .expect("docs/traces.md gives the pod list's mapping")
+        .trim_end_matches(['\\', ' '])
+        .trim_matches('\'')
+        .to_owned();
+    let out = dir.path().join("openb.jsonl");
+    let (csv_arg, out_arg) = (csv.to_str().unwrap(), out.to_str().unwrap());
+    let import = |extra: &[&str]| {
+        let mut args = vec![
+            "trace",
+            "import",
+            "--csv",
+            csv_arg,
+            "--time-unit",
+            "s",
+            "--columns",
+            &columns,
+            "--out",
+            out_arg,
+        ];
+        args.extend_from_slice(extra);
+        run_sluice(&args, &[])
+    };
+    let refused = import(&[]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("row 5: scheduled_time is empty"),
+        "{stderr}"
+    );
+    let imported = import(&["--skip-invalid"]);
+    let stderr = String::from_utf8_lossy(&imported.stderr).into_owned();
+    succeeded(imported);
+    for line in [
+        "imported 4 rows",
+        "2 rows ran over a day (the longest 145.1 days)",
+        "skipped 2 rows: no scheduled_time",
+        "skipped 1 rows: no deletion_time",
+    ] {
+        assert!(stderr.contains(line), "{line:?} in {stderr}");
+    }
+    let trace = std::fs::read_to_string(&out).unwrap();
+    assert_eq!(trace.lines().count(), 4);
+    let sim = succeeded(run_sluice(
+        &[
+            "sim",
+            "--trace",
+            out_arg,
+            "--workers",
+            "2x8",
+            "--lease-ms",
+            "3600000",
+        ],
+        &[],
+    ));
+    assert!(sim.contains("completed 4, dead 0"), "{sim}");
+}
+
 /// A cluster's CSV the test writes, imported and then simulated with two aging policies: the
 /// comparison is printed, report.json and the plots are written, and the same seed prints the
 /// same bytes.

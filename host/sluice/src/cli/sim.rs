@@ -77,6 +77,12 @@ pub struct SimArgs {
     /// task's service time, 0 to 10: a batch of n takes service × (1 + alpha × (n − 1))
     #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     batch_alpha: f64,
+    /// How long a claim or a lease heartbeat holds a task (the server's `lease_ms`). Simulated
+    /// workers heartbeat each running attempt every third of it, so a trace of pods that run
+    /// for hours replays far faster with a lease of an hour (which only delays the retry of a
+    /// crashed worker's attempts)
+    #[arg(long, default_value_t = sluice_engine::EngineOptions::default().lease_ms)]
+    lease_ms: u64,
     /// Refuse a trace of more tasks (a million take about 60 MB per run).
     #[arg(long, default_value_t = 5_000_000)]
     max_tasks: usize,
@@ -147,6 +153,9 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
     if args.model_load_ms > 3_600_000 || args.affinity_wait_ms > 86_400_000 {
         anyhow::bail!("--model-load-ms is at most 3600000 and --affinity-wait-ms 86400000");
     }
+    if !(100..=86_400_000).contains(&args.lease_ms) {
+        anyhow::bail!("--lease-ms must be 100 to 86400000");
+    }
     if args.fail_per_mille > 1_000 {
         anyhow::bail!("--fail-per-mille is at most 1000");
     }
@@ -200,6 +209,7 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         engine: sluice_engine::EngineOptions {
             preempt_after_ms: args.preempt_after_ms,
             affinity_wait_ms: args.affinity_wait_ms,
+            lease_ms: args.lease_ms,
             ..sluice_engine::EngineOptions::default()
         },
         ..ReplayOptions::default()

@@ -29,14 +29,20 @@ pub enum TraceCommand {
         out: Option<PathBuf>,
     },
     /// A trace from a cluster trace in CSV (a header row first), through a column mapping:
-    /// e.g. --columns submit=start_time,service=duration,priority=prio:0=low/1=normal/2=urgent
+    /// e.g. --columns submit=start_time,service=duration,priority=prio:0=low/1=normal/2=urgent.
+    /// Service times over a day are clipped to a day (and counted)
     Import {
         #[arg(long)]
         csv: PathBuf,
-        /// field=COLUMN pairs: submit and service (or end) at least; priority=COLUMN:MAP,
-        /// kind, tenant, device, est, gpus, gpu_memory_mb optionally.
+        /// field=COLUMN pairs: submit and service (or end, from start when mapped) at least;
+        /// priority=COLUMN:MAP, kind, tenant, device, est, gpus, gpu_memory_mb, model optionally.
         #[arg(long)]
         columns: String,
+        /// Leave out rows that cannot be used (an empty time, an end before its start, a
+        /// priority not in the map, ...) and count them by reason, instead of refusing the file
+        /// at the first
+        #[arg(long)]
+        skip_invalid: bool,
         /// The unit of the CSV's times (made relative to the first submission).
         #[arg(long, value_enum, default_value = "s")]
         time_unit: TimeUnit,
@@ -83,6 +89,7 @@ pub async fn run(command: TraceCommand) -> anyhow::Result<()> {
         TraceCommand::Import {
             csv,
             columns,
+            skip_invalid,
             time_unit,
             max_tasks,
             out,
@@ -90,14 +97,30 @@ pub async fn run(command: TraceCommand) -> anyhow::Result<()> {
             let columns: Columns = columns.parse()?;
             let file = std::fs::File::open(&csv)
                 .with_context(|| format!("cannot open {}", csv.display()))?;
-            let tasks = import(
+            let imported = import(
                 std::io::BufReader::new(file),
                 &columns,
                 time_unit,
                 max_tasks,
+                skip_invalid,
             )
             .with_context(|| format!("cannot import {}", csv.display()))?;
-            write_trace(out.as_deref(), tasks)
+            // What was changed or left out goes to stderr: stdout may be the trace itself.
+            eprintln!("imported {} rows", imported.tasks.len());
+            if imported.clipped > 0 {
+                eprintln!(
+                    "{} rows ran over a day (the longest {:.1} days): their service times are clipped to a day",
+                    imported.clipped,
+                    imported.longest_clipped_ms as f64 / 86_400_000.0
+                );
+            }
+            for (reason, rows) in &imported.skipped {
+                eprintln!("skipped {rows} rows: {reason}");
+            }
+            if imported.tasks.is_empty() {
+                anyhow::bail!("{}: no row could be imported", csv.display());
+            }
+            write_trace(out.as_deref(), imported.tasks)
         }
         TraceCommand::Export {
             server,

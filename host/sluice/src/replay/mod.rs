@@ -151,7 +151,8 @@ pub struct ReplayOptions {
     pub tick_ms: u64,
     pub heartbeat_ms: u64,
     pub engine: EngineOptions,
-    /// The run stops here even if work is left (its report says so).
+    /// The run stops this long after the trace's last submission even if work is left (its
+    /// report says so).
     pub max_virtual_ms: u64,
     /// A run whose only live tasks are queued and that has placed nothing for this long ends
     /// with them stranded (no worker fits them).
@@ -633,14 +634,31 @@ impl<'a> Replay<'a> {
             consider(self.worker_timers.first().map(|(at, _)| *at));
             consider(self.batch_wake_ms);
             if live > 0 {
-                consider(Some(self.next_tick_ms));
+                // Ticks age and preempt queued work; with nothing queued a tick has only the
+                // engine's timers to run, so the clock jumps to the next one (a trace of pods
+                // that run for days would otherwise tick every 100 ms through them).
+                let queued = !self.driver.engine().queues().is_empty();
+                let next_tick_ms = if queued {
+                    Some(self.next_tick_ms)
+                } else {
+                    self.driver
+                        .engine()
+                        .next_due_ms()
+                        .map(|due_ms| due_ms.max(self.next_tick_ms))
+                };
+                consider(next_tick_ms);
             }
             let Some(at) = next else {
                 self.drained = live == 0;
                 return;
             };
             let at = at.max(self.driver.now_ms());
-            if at - self.start_ms() > self.options.max_virtual_ms {
+            if at - self.start_ms()
+                > self
+                    .trace
+                    .span_ms()
+                    .saturating_add(self.options.max_virtual_ms)
+            {
                 return;
             }
             if self.stalled(at) {

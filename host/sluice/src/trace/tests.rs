@@ -138,7 +138,9 @@ fn columns() -> Columns {
 
 #[test]
 fn a_csv_imports_through_its_column_mapping_relative_and_in_order() {
-    let tasks = import(CSV.as_bytes(), &columns(), TimeUnit::Seconds, 10).unwrap();
+    let tasks = import(CSV.as_bytes(), &columns(), TimeUnit::Seconds, 10, false)
+        .unwrap()
+        .tasks;
     let summary: Vec<(u64, u64, Priority, &str, u32)> = tasks
         .iter()
         .map(|t| {
@@ -164,7 +166,9 @@ fn a_csv_imports_through_its_column_mapping_relative_and_in_order() {
     // End times instead of durations, in ms.
     let ends = "s,e\n100,350\n50,60\n";
     let by_end: Columns = "submit=s,end=e".parse().unwrap();
-    let tasks = import(ends.as_bytes(), &by_end, TimeUnit::Millis, 10).unwrap();
+    let tasks = import(ends.as_bytes(), &by_end, TimeUnit::Millis, 10, false)
+        .unwrap()
+        .tasks;
     assert_eq!(
         tasks
             .iter()
@@ -188,26 +192,42 @@ fn a_bad_mapping_or_row_is_refused_with_what_is_wrong() {
         assert!(error.contains(expected), "{mapping}: {error}");
     }
     let missing: Columns = "submit=start,service=duration".parse().unwrap();
-    let error = import(CSV.as_bytes(), &missing, TimeUnit::Seconds, 10).unwrap_err();
+    let error = import(CSV.as_bytes(), &missing, TimeUnit::Seconds, 10, false).unwrap_err();
     assert!(
         matches!(error, ImportError::NoColumn(ref c, _) if c == "start"),
         "{error}"
     );
     let unmapped = CSV.replace(",1,alice,\n", ",7,alice,\n");
-    let error = import(unmapped.as_bytes(), &columns(), TimeUnit::Seconds, 10).unwrap_err();
+    let error = import(
+        unmapped.as_bytes(),
+        &columns(),
+        TimeUnit::Seconds,
+        10,
+        false,
+    )
+    .unwrap_err();
     assert_eq!(
         error.to_string(),
-        "row 4: priority \"7\" is not in the value map"
+        "row 4: priority \"7\" is not in the value map (--skip-invalid leaves such rows out)"
     );
     let negative = CSV.replace(",30,", ",-30,");
-    let error = import(negative.as_bytes(), &columns(), TimeUnit::Seconds, 10).unwrap_err();
+    let error = import(
+        negative.as_bytes(),
+        &columns(),
+        TimeUnit::Seconds,
+        10,
+        false,
+    )
+    .unwrap_err();
     assert!(error.to_string().starts_with("row 2: "), "{error}");
-    let error = import(CSV.as_bytes(), &columns(), TimeUnit::Seconds, 2).unwrap_err();
+    let error = import(CSV.as_bytes(), &columns(), TimeUnit::Seconds, 2, false).unwrap_err();
     assert!(matches!(error, ImportError::TooMany(2)), "{error}");
     // A model column: a name is kept, an empty cell names none, a bad name is refused.
     let with_models: Columns = "submit=s,service=d,model=m".parse().unwrap();
     let csv = "s,d,m\n0,1,seg-v3\n1,1,\n";
-    let tasks = import(csv.as_bytes(), &with_models, TimeUnit::Seconds, 10).unwrap();
+    let tasks = import(csv.as_bytes(), &with_models, TimeUnit::Seconds, 10, false)
+        .unwrap()
+        .tasks;
     let models: Vec<_> = tasks.iter().map(|t| t.model.as_deref()).collect();
     assert_eq!(models, [Some("seg-v3"), None]);
     let bad = import(
@@ -215,6 +235,7 @@ fn a_bad_mapping_or_row_is_refused_with_what_is_wrong() {
         &with_models,
         TimeUnit::Seconds,
         10,
+        false,
     );
     let error = bad.unwrap_err().to_string();
     assert!(
@@ -360,4 +381,114 @@ fn a_recorded_search_reads_back_and_a_bad_one_names_its_line() {
         let error = read_all(line.as_bytes()).unwrap_err().to_string();
         assert!(error.contains("line 1") && error.contains(says), "{error}");
     }
+}
+
+/// Rows in the published format of the Alibaba GPU 2023 pod list (`openb_pod_list_default`,
+/// times in seconds): pods running for months beside minutes, a pending pod never scheduled,
+/// one without a deletion time.
+const POD_LIST: &str = "\
+name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
+openb-pod-0000,12000,16384,1,1000,,LS,Running,0,12537496,0
+openb-pod-0017,88000,327680,8,1000,,Burstable,Succeeded,9437497,10769854,9437497
+openb-pod-0022,4000,15258,1,220,,BE,Running,9679175,9973826,9679175
+openb-pod-0033,3152,5600,1,1000,,BE,Failed,9965463,9965645,9965463
+openb-pod-0061,11908,47104,1,1000,,BE,Pending,10001278,10001403,
+openb-pod-0063,12000,24576,1,1000,,LS,Running,10001854,10043044,10002793
+openb-pod-0129,12000,24576,1,1000,,Guaranteed,Running,10035396,10036353,10035396
+openb-pod-9999,1000,2048,0,0,,BE,Running,10040000,,10040001
+";
+
+const POD_COLUMNS: &str = "submit=creation_time,start=scheduled_time,end=deletion_time,\
+    priority=qos:LS=urgent/Guaranteed=normal/Burstable=normal/BE=low,gpus=num_gpu,device=name";
+
+#[test]
+fn the_alibaba_pod_list_imports_with_long_pods_clipped_and_unusable_rows_counted() {
+    let columns: Columns = POD_COLUMNS.parse().unwrap();
+    // By default the first unusable row refuses the file, named.
+    let error = import(POD_LIST.as_bytes(), &columns, TimeUnit::Seconds, 100, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("row 6: scheduled_time is empty"),
+        "{error}"
+    );
+    let imported = import(POD_LIST.as_bytes(), &columns, TimeUnit::Seconds, 100, true).unwrap();
+    let skipped: Vec<(&str, u64)> = imported
+        .skipped
+        .iter()
+        .map(|(reason, n)| (reason.as_str(), *n))
+        .collect();
+    assert_eq!(skipped, [("no deletion_time", 1), ("no scheduled_time", 1)]);
+    // Every row with all three times is kept; service runs from scheduling to deletion.
+    let seen: Vec<(&str, u64, u64, Priority, u32)> = imported
+        .tasks
+        .iter()
+        .map(|t| {
+            (
+                t.device.as_str(),
+                t.submit_ms,
+                t.service_ms,
+                t.priority,
+                t.gpus,
+            )
+        })
+        .collect();
+    let day = MAX_SERVICE_MS;
+    assert_eq!(
+        seen,
+        [
+            ("openb-pod-0000", 0, day, Priority::Urgent, 1),
+            ("openb-pod-0017", 9_437_497_000, day, Priority::Normal, 8),
+            ("openb-pod-0022", 9_679_175_000, day, Priority::Low, 1),
+            ("openb-pod-0033", 9_965_463_000, 182_000, Priority::Low, 1),
+            (
+                "openb-pod-0063",
+                10_001_854_000,
+                40_251_000,
+                Priority::Urgent,
+                1
+            ),
+            (
+                "openb-pod-0129",
+                10_035_396_000,
+                957_000,
+                Priority::Normal,
+                1
+            ),
+        ]
+    );
+    assert_eq!(imported.clipped, 3);
+    assert_eq!(imported.longest_clipped_ms, 12_537_496_000);
+
+    // And the simulator replays it to the end, through four months of virtual time.
+    let trace = crate::replay::Trace::from_tasks(imported.tasks).unwrap();
+    let options = crate::replay::ReplayOptions {
+        workers: "2x8".parse().unwrap(),
+        ..crate::replay::ReplayOptions::default()
+    };
+    let variant = crate::replay::Variant::pair(Vec::new(), Vec::new())
+        .unwrap()
+        .remove(0);
+    let outcome = crate::replay::run(&trace, &variant, &options).unwrap();
+    assert!(outcome.drained);
+    assert_eq!(outcome.tally.ended.values().sum::<u64>(), 6);
+}
+
+#[test]
+fn a_start_column_goes_with_an_end_column() {
+    let error = "submit=a,start=b,service=c"
+        .parse::<Columns>()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("start goes with end"), "{error}");
+    // An end before its start is its own reason.
+    let columns: Columns = "submit=s,start=b,end=e".parse().unwrap();
+    let csv = "s,b,e\n0,10,5\n1,2,3\n";
+    let error = import(csv.as_bytes(), &columns, TimeUnit::Seconds, 10, false)
+        .unwrap_err()
+        .to_string();
+    assert!(error.starts_with("row 2: e is before b"), "{error}");
+    let imported = import(csv.as_bytes(), &columns, TimeUnit::Seconds, 10, true).unwrap();
+    assert_eq!(imported.tasks.len(), 1);
+    assert_eq!(imported.skipped["e before b"], 1);
 }
