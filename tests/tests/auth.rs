@@ -354,3 +354,40 @@ fn serving_a_network_address_without_auth_is_refused() {
     let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
     assert!(log.contains("auth is disabled"), "{log}");
 }
+
+/// A task an admin's token submits is created in that token's name, not in the name of the
+/// device its body names; a device's own task in the device's.
+#[tokio::test]
+async fn a_task_is_created_in_the_name_of_the_token_that_submitted_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&dir.path().join("data"));
+    let admin = http_as(ROOT);
+    let (device, _) = issue_token(
+        &admin,
+        &server,
+        &json!({"role": "device", "device": "scanner-a", "tenant": "site-1"}),
+    )
+    .await;
+    let creator = |client: reqwest::Client, body: serde_json::Value| {
+        let server = &server;
+        async move {
+            let submitted = post_json(&client, &server.endpoint("/v1/tasks"), &body).await;
+            assert_eq!(submitted.status, 201, "{:?}", submitted.body);
+            let id = submitted.body["id"].as_str().unwrap().to_owned();
+            let events =
+                get_json(&client, &server.endpoint(&format!("/v1/tasks/{id}/events"))).await;
+            events.body["events"][0]["actor"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    let by_admin = creator(
+        admin.clone(),
+        json!({"kind": "oct.scan", "device": "scanner-z"}),
+    )
+    .await;
+    assert_eq!(by_admin, "admin:bootstrap");
+    let by_device = creator(http_as(&device), json!({"kind": "oct.scan"})).await;
+    assert_eq!(by_device, "device:scanner-a");
+}

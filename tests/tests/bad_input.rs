@@ -66,6 +66,13 @@ async fn bad_requests_get_problem_json() {
         "http://169.254.169.254/latest/meta-data",
         "http://[::1]/done",
         "http://[fd00::1]/done",
+        // IPv6 forms that carry a private IPv4 address, and reserved IPv4.
+        "http://[64:ff9b::a9fe:a9fe]/latest/meta-data",
+        "http://[::127.0.0.1]/done",
+        "http://[2002:7f00:1::]/done",
+        "http://0.0.0.1/done",
+        "http://198.18.0.1/done",
+        "http://240.0.0.1/done",
     ] {
         let body = format!(r#"{{"kind": "k", "callback_url": "{private}"}}"#);
         let refused = answer(
@@ -187,6 +194,16 @@ async fn bad_requests_get_problem_json() {
         400,
         "invalid-request",
     );
+
+    // A path parameter of the wrong type is problem+json too, not the framework's plain text.
+    let bad_version = client
+        .put(server.endpoint("/v1/policies/retry/not-a-number/data/blob"))
+        .header("content-type", "application/octet-stream")
+        .body(vec![1u8, 2, 3])
+        .send()
+        .await
+        .unwrap();
+    assert_problem(&answer(bad_version).await, 400, "invalid-request");
 
     // Unknown routes and methods.
     assert_problem(

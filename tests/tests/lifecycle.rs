@@ -202,3 +202,36 @@ async fn submit_read_cancel_list_and_restart(store: TestStore) {
         "event numbers keep growing"
     );
 }
+
+/// The data directory and everything the server writes in it are its user's alone, also for
+/// a directory an older release left open to others.
+#[test]
+fn the_data_directory_is_private_to_the_servers_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let server = Server::start(&data);
+    let mode = |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode();
+    assert_eq!(mode(&data) & 0o777, 0o700, "the data directory");
+    let mut seen = 0;
+    let mut pending = vec![data.clone()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap() {
+            let path = entry.unwrap().path();
+            assert_eq!(
+                mode(&path) & 0o077,
+                0,
+                "{} is open to others",
+                path.display()
+            );
+            seen += 1;
+            if path.is_dir() {
+                pending.push(path);
+            }
+        }
+    }
+    assert!(seen > 0, "the server wrote nothing to check");
+    drop(server);
+}

@@ -411,7 +411,10 @@ impl Engine {
             id,
             None,
             State::Created,
-            Actor::device(&spec.device),
+            submission
+                .submitted_by
+                .clone()
+                .unwrap_or_else(|| Actor::device(&spec.device)),
             now_ms,
             None,
         );

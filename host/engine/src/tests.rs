@@ -172,3 +172,24 @@ fn the_same_inputs_replay_to_the_same_changes() {
     };
     assert_eq!(run(), run());
 }
+
+/// A heartbeat may say any memory per GPU: the worker's free memory saturates instead of
+/// wrapping around (or panicking in a debug build).
+#[test]
+fn a_workers_free_gpu_memory_saturates() {
+    let mut engine = Engine::default();
+    let gpu = sluice_model::Gpu {
+        model: "A100".into(),
+        memory_mb: u64::MAX,
+        free: true,
+    };
+    let heartbeat = sluice_model::Heartbeat {
+        gpus: vec![gpu.clone(), gpu],
+        max_concurrency: 2,
+        ..sluice_model::Heartbeat::default()
+    };
+    engine.heartbeat(1, "w", heartbeat).unwrap();
+    let view = engine.worker(1, "w").unwrap();
+    assert_eq!(view.free_gpus, 2);
+    assert_eq!(view.free_gpu_memory_mb, u64::MAX);
+}

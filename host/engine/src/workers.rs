@@ -245,7 +245,10 @@ impl WorkerState {
             leases: self.leases.len(),
             claims_served: self.claims_served,
             free_gpus: free.len(),
-            free_gpu_memory_mb: free.values().map(|room| room.memory_mb).sum(),
+            // A heartbeat may say any memory per GPU: the sum saturates rather than wraps.
+            free_gpu_memory_mb: free
+                .values()
+                .fold(0u64, |sum, room| sum.saturating_add(room.memory_mb)),
             heartbeat: self.heartbeat.clone(),
         }
     }

@@ -177,6 +177,9 @@ pub struct Submission {
     pub spec: TaskSpec,
     pub payload_json: Vec<u8>,
     pub fingerprint: [u8; 32],
+    /// Who submitted it when that was not its device (an admin's token): the task's creation
+    /// event names them rather than the device the body names.
+    pub submitted_by: Option<super::Actor>,
 }
 
 impl TaskSpec {
@@ -214,6 +217,7 @@ impl TaskSpec {
             spec: self,
             payload_json,
             fingerprint,
+            submitted_by: None,
         })
     }
 

@@ -2,13 +2,13 @@
 //! with the shards that have a live worker, and declaring or forgetting one.
 
 use super::AppState;
-use super::extract::Decoded;
+use super::extract::{ApiPath, Decoded};
 use super::guard::Caller;
 use super::problem::ApiError;
 use crate::collections::CollectionError;
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State as Shared};
+use axum::extract::State as Shared;
 use axum::http::HeaderMap;
 use serde::{Deserialize, Serialize};
 use sluice_engine::CollectionView;
@@ -54,7 +54,7 @@ pub async fn list(Shared(state): Shared<AppState>) -> Result<Json<CollectionsRes
     responses((status = 200, description = "The collection", body = CollectionView)))]
 pub async fn detail(
     Shared(state): Shared<AppState>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<Json<CollectionView>, ApiError> {
     checked_name(&name)?;
     state
@@ -76,7 +76,7 @@ pub async fn detail(
 pub async fn declare(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Collection>, ApiError> {
@@ -126,7 +126,7 @@ pub async fn declare(
 pub async fn remove(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Result<axum::http::StatusCode, ApiError> {
     checked_name(&name)?;
     let table = state.collections.clone();

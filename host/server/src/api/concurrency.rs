@@ -2,13 +2,13 @@
 //! removing a key's limit (kept in the catalog, audited, in force for the next claim).
 
 use super::AppState;
-use super::extract::Decoded;
+use super::extract::{ApiPath, Decoded};
 use super::guard::Caller;
 use super::problem::ApiError;
 use crate::concurrency_limits::{LimitError, LimitInForce, LimitTable};
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State as Shared};
+use axum::extract::State as Shared;
 use axum::http::HeaderMap;
 use serde::{Deserialize, Serialize};
 use sluice_model::{ConcurrencyLimit, MAX_CONCURRENCY_LIMIT, check_concurrency_limit};
@@ -89,7 +89,7 @@ async fn change(
 pub async fn set(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
-    Path(key): Path<String>,
+    ApiPath(key): ApiPath<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<ConcurrencyLimit>, ApiError> {
@@ -129,7 +129,7 @@ pub async fn set(
 pub async fn remove(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
-    Path(key): Path<String>,
+    ApiPath(key): ApiPath<String>,
 ) -> Result<Json<LimitsResponse>, ApiError> {
     checked_key(&key)?;
     change(

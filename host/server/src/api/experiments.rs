@@ -2,14 +2,14 @@
 //! read one's report, stop it, or promote a variant to active.
 
 use super::AppState;
-use super::extract::Decoded;
+use super::extract::{ApiPath, Decoded};
 use super::guard::Caller;
 use super::policies::blocking;
 use super::problem::ApiError;
 use crate::experiment::ExperimentReport;
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State as Shared};
+use axum::extract::State as Shared;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -81,7 +81,7 @@ pub async fn list(Shared(state): Shared<AppState>) -> Result<Json<Vec<Experiment
     responses((status = 200, description = "The report", body = ExperimentReport)))]
 pub async fn report(
     Shared(state): Shared<AppState>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ExperimentReport>, ApiError> {
     let id = experiment_id(&id)?;
     let scheduler = state.scheduler.clone();
@@ -104,7 +104,7 @@ pub async fn report(
 pub async fn stop(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Experiment>, ApiError> {
     state.refuse_if_draining()?;
     let id = experiment_id(&id)?;
@@ -138,7 +138,7 @@ pub struct PromoteRequest {
 pub async fn promote(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Experiment>, ApiError> {

@@ -126,6 +126,22 @@ pub fn decode_query<T: DeserializeOwned>(query: Option<&str>) -> Result<T, ApiEr
         .map_err(|error| ApiError::InvalidQuery(error.to_string()))
 }
 
+/// Path parameters of any shape, as axum's `Path` reads them, but a bad one (a version that is
+/// not a number, say) is refused as problem+json like every other bad input, not axum's plain
+/// text.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(value) = Path::<T>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| ApiError::InvalidRequest(rejection.body_text()))?;
+        Ok(ApiPath(value))
+    }
+}
+
 /// The `{kind}` of a policy route.
 pub struct KindPath(pub sluice_model::PolicyKind);
 

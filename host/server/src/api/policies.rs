@@ -2,14 +2,14 @@
 //! read each kind's active version, history and counters.
 
 use super::AppState;
-use super::extract::{Decoded, KindPath, decode_query, media_type, read_json};
+use super::extract::{ApiPath, Decoded, KindPath, decode_query, media_type, read_json};
 use super::guard::Caller;
 use super::problem::ApiError;
 use crate::auth::signing::SIGNATURE_HEADER;
 use crate::scheduler::{Clock, SystemClock};
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, RawQuery, State as Shared};
+use axum::extract::{RawQuery, State as Shared};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -76,7 +76,7 @@ struct UploadQuery {
 pub async fn upload(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
-    Path(kind): Path<String>,
+    ApiPath(kind): ApiPath<String>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
     body: Body,
@@ -164,7 +164,7 @@ pub async fn upload(
 pub async fn put_data(
     Shared(state): Shared<AppState>,
     Caller(caller): Caller,
-    Path((kind, version, name)): Path<(String, u32, String)>,
+    ApiPath((kind, version, name)): ApiPath<(String, u32, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {

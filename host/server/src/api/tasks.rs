@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use sluice_model::{Event, Role, State, Task, TaskId, TaskSpec};
+use sluice_model::{Event, Role, State, Submission, Task, TaskId, TaskSpec};
 use sluice_store::ListQuery;
 use sluice_wire::TaskView;
 use tracing::Instrument;
@@ -30,6 +30,15 @@ pub(super) const DEFAULT_EVENTS_LIMIT: usize = 1000;
 
 /// A device's task is its own: the device and tenant come from its token, whatever the body
 /// says.
+/// `submission` as `caller` submitted it: a task an admin's token submitted is created in that
+/// token's name, not the device's the body names.
+fn attributed(mut submission: Submission, caller: &Principal) -> Submission {
+    if caller.role != Role::Device && caller.token_id != crate::auth::OPEN_ID {
+        submission.submitted_by = Some(caller.actor());
+    }
+    submission
+}
+
 fn as_submitted_by(mut spec: TaskSpec, caller: &Principal) -> TaskSpec {
     if caller.role == Role::Device {
         if let Some(device) = &caller.device {
@@ -82,6 +91,7 @@ pub async fn submit(
     .await?;
     let submission =
         as_submitted_by(spec.value, &caller).into_submission(header_key, &limits.task)?;
+    let submission = attributed(submission, &caller);
     let span = tracing::debug_span!(
         target: crate::telemetry::TASK_SPANS,
         "submit",
@@ -184,6 +194,7 @@ pub async fn submit_batch(
             decode_json::<TaskSpec>(raw.get().as_bytes()).and_then(|spec| {
                 as_submitted_by(spec, &caller)
                     .into_submission(None, &limits.task)
+                    .map(|submission| attributed(submission, &caller))
                     .map_err(ApiError::from)
             })
         })
