@@ -276,6 +276,22 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Payloads, results and tokens' digests lie in the data directory: every file the server
+/// creates is its user's alone (umask 077: files 0600, directories 0700), and the directory
+/// itself is made 0700, so files an older release left readable cannot be reached either.
+fn private_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: umask(2) only sets this process's file mode mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    if let Err(error) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
+        tracing::warn!(dir = %dir.display(), %error, "cannot make the data directory private (0700)");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::unknown_variables;
@@ -301,20 +317,4 @@ mod tests {
             ]
         );
     }
-}
-
-/// Payloads, results and tokens' digests lie in the data directory: every file the server
-/// creates is its user's alone (umask 077: files 0600, directories 0700), and the directory
-/// itself is made 0700, so files an older release left readable cannot be reached either.
-fn private_data_dir(dir: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    // SAFETY: umask(2) only sets this process's file mode mask; it cannot fail.
-    unsafe {
-        libc::umask(0o077);
-    }
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    if let Err(error) = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)) {
-        tracing::warn!(dir = %dir.display(), %error, "cannot make the data directory private (0700)");
-    }
-    Ok(())
 }
