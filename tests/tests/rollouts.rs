@@ -228,7 +228,7 @@ async fn a_good_version_reaches_every_step_across_a_restart_and_becomes_active(s
         &client,
         &server.endpoint("/v1/rollouts"),
         &json!({"kind": "aging", "version": 3, "steps": [30, 60, 100], "step_ms": 2000,
-                "min_tasks": 6, "guards": ["low.wait_p99_ms <= baseline + 100%", "faults == 0"]}),
+                "min_tasks": 6, "guards": ["low.wait_p50_ms <= baseline + 100%", "faults == 0"]}),
     )
     .await;
     assert_eq!(started.status, 201, "{:?}", started.body);
@@ -242,7 +242,10 @@ async fn a_good_version_reaches_every_step_across_a_restart_and_becomes_active(s
     .await;
     assert_eq!(refused.status, 409, "{:?}", refused.body);
 
-    // Killed in its second step, the rollout goes on where it was after the restart.
+    // Killed in its second step, the rollout goes on where it was after the restart. The guard
+    // reads the median wait: the few tasks that wait through the restart fall to either
+    // version by their id, and a p99 over a 2 s step is theirs alone (a CI run rolled the good
+    // version back on 1,999 ms against the baseline's 449).
     wait_for("the second step", LIMIT, || async {
         let record = rollout(&client, &server, id).await;
         assert_eq!(record["state"], "running", "{record:#}");
@@ -274,7 +277,7 @@ async fn a_good_version_reaches_every_step_across_a_restart_and_becomes_active(s
             judged[0]
                 .as_str()
                 .unwrap()
-                .starts_with("low.wait_p99_ms <= baseline + 100% held"),
+                .starts_with("low.wait_p50_ms <= baseline + 100% held"),
             "{step}"
         );
     }
