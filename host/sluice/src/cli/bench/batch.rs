@@ -341,13 +341,13 @@ async fn one_run(args: &BatchBenchArgs, batched: bool) -> anyhow::Result<RunFigu
         }
     };
     let (mut workers, started) = workers;
-    wait_for_completed(&http, &url, all.len()).await?;
+    wait_for_completed(&client, all.len()).await?;
     let wall_s = started.elapsed().as_secs_f64();
     let _ = stop.send(true);
     while let Some(joined) = workers.join_next().await {
         joined??;
     }
-    let mut figures = read_back(&http, &url).await?;
+    let mut figures = read_back(&client).await?;
     figures.wall_s = wall_s;
     figures.gpu_busy_s = executors
         .iter()
@@ -392,15 +392,10 @@ async fn submit(
     Ok(())
 }
 
-async fn wait_for_completed(http: &reqwest::Client, url: &str, tasks: usize) -> anyhow::Result<()> {
+async fn wait_for_completed(client: &Client, tasks: usize) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(3_600);
     loop {
-        let stats: Value = http
-            .get(format!("{url}/v1/stats"))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let stats = client.stats().await?;
         let completed = stats["tasks_by_state"]["completed"].as_u64().unwrap_or(0);
         if completed as usize >= tasks {
             return Ok(());
@@ -413,17 +408,15 @@ async fn wait_for_completed(http: &reqwest::Client, url: &str, tasks: usize) -> 
 }
 
 /// Waits, shares and completions from the tasks and the event log.
-async fn read_back(http: &reqwest::Client, url: &str) -> anyhow::Result<RunFigures> {
+async fn read_back(client: &Client) -> anyhow::Result<RunFigures> {
     let mut claimed: Vec<(u64, String, String)> = Vec::new();
     let mut waits_ms: BTreeMap<Priority, Vec<u64>> = BTreeMap::new();
     let mut completed = 0;
     let mut after: Option<String> = None;
     loop {
-        let mut page_url = format!("{url}/v1/tasks?limit=1000");
-        if let Some(after) = &after {
-            page_url.push_str(&format!("&after={after}"));
-        }
-        let page: Value = http.get(page_url).send().await?.json().await?;
+        let mut query = vec![("limit", "1000".to_owned())];
+        query.extend(after.take().map(|after| ("after", after)));
+        let page = client.list(&query).await?;
         for task in page["tasks"].as_array().context("tasks")? {
             let priority: Priority = serde_json::from_value(task["priority"].clone())?;
             let created = task["created_at_ms"].as_u64().unwrap_or(0);
@@ -457,12 +450,7 @@ async fn read_back(http: &reqwest::Client, url: &str) -> anyhow::Result<RunFigur
     let mut completions: BTreeMap<String, usize> = BTreeMap::new();
     let mut after_seq = 0;
     loop {
-        let page: Value = http
-            .get(format!("{url}/v1/events?after={after_seq}&limit=1000"))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let page = client.log(after_seq, 1_000).await?;
         let events = page["events"].as_array().context("events")?;
         let Some(last) = events.last() else { break };
         after_seq = last["seq"].as_u64().unwrap_or(u64::MAX);
